@@ -1,0 +1,24 @@
+# Two commands on a fresh machine: `make run` (set up, then decode with the shipped models) and `make test`.
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= count from 3 step 2 for 12:
+
+.PHONY: setup run test lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+run: setup
+	$(BIN)/dlm generate "$(PROMPT)"
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/pytest -q

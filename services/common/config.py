@@ -1,0 +1,46 @@
+"""Engine configuration: which model directory plays which role, device and dtype; read from one YAML file."""
+
+import os
+from dataclasses import dataclass, field, fields
+
+import yaml
+
+ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "dlm.yaml")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    models: dict[str, str] = field(default_factory=dict)  # role -> local directory
+    device: str = "cpu"
+    dtype: str = "float32"
+    chat_template: bool = True  # wrap prompts with the tokenizer's chat template when it has one
+    strategy: str = "pipeline"
+    strategies: dict[str, dict] = field(default_factory=dict)  # per-strategy parameter overrides
+    max_new_tokens: int = 128
+
+    def __post_init__(self):
+        unknown = set(self.models) - set(ROLES)
+        if unknown:
+            raise ValueError(f"models: unknown roles {sorted(unknown)}; roles are {ROLES}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+
+    def path(self, role: str) -> str:
+        if role not in self.models:
+            raise ValueError(f"no model configured for role {role!r} (config models.{role})")
+        return self.models[role]
+
+    @classmethod
+    def from_yaml(cls, path: str = DEFAULT_CONFIG, **overrides) -> "EngineConfig":
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+        engine = raw.get("engine", raw)
+        known = {f.name for f in fields(cls)}
+        base = os.path.dirname(os.path.abspath(path))
+        values = {k: v for k, v in engine.items() if k in known}
+        values["models"] = {r: os.path.normpath(os.path.join(base, p)) for r, p in engine.get("models", {}).items()}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

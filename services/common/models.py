@@ -1,0 +1,68 @@
+"""Load transformers causal LMs from local directories: drafters, guiders and AR baselines alike."""
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: object
+    path: str
+    mask_id: int | None
+    eos_id: int
+    bidirectional: bool
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def max_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+
+def attention_backend(device: str, reordered: bool) -> str:
+    # flash-attn varlen treats non-monotonic position ids as packed sequences, so reordered forwards stay on SDPA.
+    if device.startswith("cuda") and not reordered and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered: bool = False) -> LoadedModel:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory not found: {path}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    bidirectional = getattr(config, "dlm_family", None) == "bidirectional" or not getattr(config, "is_causal", True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        local_files_only=True,
+        dtype=DTYPES[dtype],
+        attn_implementation=attention_backend(device, reordered or bidirectional),
+    )
+    if bidirectional:
+        make_bidirectional(model)
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    mask_id = getattr(config, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = tokenizer.mask_token_id
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    return LoadedModel(model, tokenizer, path, mask_id, int(eos_id), bidirectional)
+
+
+def make_bidirectional(model: PreTrainedModel) -> None:
+    # transformers builds a bidirectional mask when config.is_causal is False; SDPA/flash read module.is_causal.
+    model.config.is_causal = False
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = False

@@ -1,0 +1,67 @@
+"""What flows between the stages of a round: a drafter's proposal, a verifier's verdict, a gate's decision."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.sampling import SamplingParams, choose
+
+
+@dataclass(slots=True)
+class Region:
+    start: int  # generation positions [start, end) are active this round
+    end: int
+
+
+@dataclass(slots=True)
+class Proposal:
+    positions: torch.Tensor  # [N] generation positions that were masked
+    ids: torch.Tensor  # [N] chosen tokens
+    probs: torch.Tensor  # [N] probability of the chosen token (confidence)
+    entropy: torch.Tensor  # [N]
+    logits: torch.Tensor  # [N, V]
+
+
+@dataclass(slots=True)
+class Verdict:
+    positions: torch.Tensor  # [M] contiguous span from the frontier
+    draft: torch.Tensor  # [M] tokens that were verified
+    target: torch.Tensor  # [M] verifier's argmax at each position given the drafts before it
+    topk: torch.Tensor  # [M, K] verifier's top-k ids
+    draft_probs: torch.Tensor  # [M] verifier's probability of each draft token
+    target_probs: torch.Tensor  # [M] verifier's probability of its argmax
+
+
+@dataclass(slots=True)
+class Decision:
+    positions: torch.Tensor  # [A] positions decided this round
+    ids: torch.Tensor  # [A]
+    fill_positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    fill_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))  # tentative drafts
+
+
+def never_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """No model may choose the mask token as output."""
+    if mask_id < 0:
+        return logits
+    return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+
+
+def propose_from_logits(
+    positions: torch.Tensor, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, mask_id: int
+) -> Proposal:
+    logits = never_mask(logits.float(), mask_id)
+    ids = choose(logits, sampling, generator)
+    logp = torch.log_softmax(logits, -1)
+    probs = logp.gather(-1, ids[:, None]).squeeze(-1).exp()
+    entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu())
+
+
+@dataclass(slots=True)
+class Committed:
+    """What one round made final: the new contiguous text, slots committed ahead of it, and the finish."""
+
+    ids: list[int]  # tokens that extended the committed contiguous prefix
+    spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed out of logical order
+    finish_reason: str | None = None

@@ -1,0 +1,91 @@
+"""One request's decode state: the generation canvas, what is decided, and the physical -> logical order."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.sampling import SamplingParams
+from services.common.stats import Stats
+
+
+@dataclass(slots=True)
+class Request:
+    id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    mask_id: int
+    eos_id: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tokens: torch.Tensor = None  # [max_new_tokens] generation canvas, mask_id where undecided
+    decided: torch.Tensor = None  # [max_new_tokens] bool, a decided token never changes
+    filled: torch.Tensor = None  # [max_new_tokens] bool, a tentative draft kept as context, may be replaced
+    committed: torch.Tensor = None  # [max_new_tokens] bool, in `order` (its KV belongs in the drafter cache)
+    horizon: int = 0  # logical end of generation; shrinks to just past an EOS (EOS truncation)
+    order: list[int] = field(default_factory=list)  # committed positions in physical (commit) order
+    emitted: int = 0  # length of the contiguous prefix already streamed out
+    finish_reason: str | None = None
+    state: dict = field(default_factory=dict)  # strategy state (credits, slots in completion)
+    stats: Stats = field(default_factory=Stats)
+    generator: torch.Generator = None
+
+    def __post_init__(self):
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if not self.prompt_ids:
+            raise ValueError("prompt must not be empty")
+        self.tokens = torch.full((self.max_new_tokens,), self.mask_id, dtype=torch.long)
+        self.decided = torch.zeros(self.max_new_tokens, dtype=torch.bool)
+        self.filled = torch.zeros(self.max_new_tokens, dtype=torch.bool)
+        self.committed = torch.zeros(self.max_new_tokens, dtype=torch.bool)
+        self.horizon = self.max_new_tokens
+        self.generator = torch.Generator().manual_seed(self.sampling.seed)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def frontier(self) -> int:
+        """First undecided position: the decided prefix is [0, frontier)."""
+        undecided = (~self.decided[: self.horizon]).nonzero()
+        return int(undecided[0]) if len(undecided) else self.horizon
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def physical_to_logical(self) -> list[int]:
+        """Logical position ids of the drafter's cached sequence, prompt first then commits in commit order."""
+        return list(range(self.prompt_len)) + [self.prompt_len + p for p in self.order]
+
+    def decide(self, positions: torch.Tensor, ids: torch.Tensor) -> None:
+        positions, ids = positions.cpu(), ids.cpu()
+        assert not self.decided[positions].any(), "a decided token never changes"
+        self.tokens[positions] = ids
+        self.decided[positions] = True
+        self.filled[positions] = False
+        eos = positions[ids == self.eos_id]
+        if len(eos):
+            self.horizon = min(self.horizon, int(eos.min()) + 1)
+
+    def fill(self, positions: torch.Tensor, ids: torch.Tensor) -> None:
+        """Replace every tentative draft by these."""
+        self.tokens[self.filled] = self.mask_id
+        self.filled[:] = False
+        self.tokens[positions.cpu()] = ids.cpu()
+        self.filled[positions.cpu()] = True
+
+    def commit(self, positions: list[int]) -> None:
+        """Append decided positions to the physical order, in the order given."""
+        self.order.extend(positions)
+        self.committed[positions] = True
+
+    def context_positions(self) -> torch.Tensor:
+        """Decided or filled positions not yet committed, in logical order: clean context that precedes masks."""
+        known = (self.decided | self.filled) & ~self.committed
+        known[self.horizon :] = False
+        return known.nonzero().squeeze(-1)
+
+    def output_ids(self) -> list[int]:
+        ids = self.tokens[: self.frontier].tolist()
+        return ids[:-1] if ids and ids[-1] == self.eos_id and self.finish_reason == "eos" else ids

@@ -1,0 +1,35 @@
+"""Sampling parameters and token choice: greedy by default, temperature / top-p, deterministic per seed."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Pick one token per row of logits [N, V] -> ids [N]."""
+    if params.greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / params.temperature, -1)
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
+        sorted_probs[drop] = 0
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)

@@ -1,0 +1,47 @@
+"""Per-request decode metrics (TPF: dInfer 001 §4.1; p_cache: WeDLM 002 Eq. 4)."""
+
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(slots=True)
+class Stats:
+    rounds: int = 0
+    drafter_forwards: int = 0
+    guider_forwards: int = 0
+    filter_calls: int = 0
+    tokens: int = 0
+    drafter_tokens_processed: int = 0  # N_fwd: token instances through the drafter after prefill
+    accepted: list[int] = field(default_factory=list)
+    start_s: float = field(default_factory=time.perf_counter)
+    first_commit_s: float | None = None
+    end_s: float | None = None
+
+    def on_commit(self, n: int) -> None:
+        if n and self.first_commit_s is None:
+            self.first_commit_s = time.perf_counter()
+
+    def finish(self) -> None:
+        self.end_s = time.perf_counter()
+
+    @property
+    def tpf(self) -> float:
+        """Tokens per forward: generated tokens over diffusion iterations (rounds)."""
+        return self.tokens / max(self.rounds, 1)
+
+    @property
+    def p_cache(self) -> float:
+        """N_gen / N_fwd over the drafter's post-prefill forwards; 1.0 when no drafter ran (pure AR)."""
+        return self.tokens / self.drafter_tokens_processed if self.drafter_tokens_processed else 1.0
+
+    def to_dict(self) -> dict:
+        end = self.end_s if self.end_s is not None else time.perf_counter()
+        counts = {k: v for k, v in asdict(self).items() if k not in ("accepted", "start_s", "first_commit_s", "end_s")}
+        return {
+            **counts,
+            "tpf": self.tpf,
+            "p_cache": self.p_cache,
+            "accepted_per_round": sum(self.accepted) / max(len(self.accepted), 1),
+            "ttft_s": (self.first_commit_s or end) - self.start_s,
+            "wall_s": end - self.start_s,
+        }

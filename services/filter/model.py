@@ -1,0 +1,64 @@
+"""Learn2PD filter (004 §3.2): a 2-layer MLP from a block's confidences to per-position accept logits."""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG = "filter_config.json"
+WEIGHTS = "model.safetensors"
+
+
+@dataclass(slots=True)
+class FilterConfig:
+    block_size: int = 32  # 004 §4.1 block length
+    hidden_size: int = 128
+    threshold: float = 0.96  # 004 §4.3, on sigmoid(logit)
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.hidden_size < 1:
+            raise ValueError("filter block_size and hidden_size must be >= 1")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError(f"filter threshold must be in [0, 1], got {self.threshold}")
+
+
+class Learn2PDFilter(nn.Module):
+    def __init__(self, config: FilterConfig):
+        super().__init__()
+        self.config = config
+        self.mlp = nn.Sequential(
+            nn.Linear(config.block_size, config.hidden_size),
+            nn.ReLU(),
+            nn.Linear(config.hidden_size, config.block_size),
+        )
+
+    def forward(self, confidence: torch.Tensor) -> torch.Tensor:
+        """confidence [B, block] -> accept logits [B, block]."""
+        return self.mlp(confidence)
+
+    @torch.inference_mode()
+    def accept_probs(self, confidence: torch.Tensor) -> torch.Tensor:
+        """confidence [n <= block] of one block -> sigmoid scores [n]; shorter blocks are padded with zeros."""
+        n, size = len(confidence), self.config.block_size
+        padded = torch.zeros(size, dtype=torch.float32)
+        padded[: min(n, size)] = confidence[:size].float()
+        return torch.sigmoid(self(padded[None]))[0, :n]
+
+    def save(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        save_file(self.state_dict(), os.path.join(path, WEIGHTS))
+        with open(os.path.join(path, CONFIG), "w") as f:
+            json.dump(asdict(self.config), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "Learn2PDFilter":
+        config_path = os.path.join(path, CONFIG)
+        if not os.path.isfile(config_path):
+            raise FileNotFoundError(f"filter directory has no {CONFIG}: {path}")
+        with open(config_path) as f:
+            model = cls(FilterConfig(**json.load(f)))
+        model.load_state_dict(load_file(os.path.join(path, WEIGHTS)))
+        return model.eval()

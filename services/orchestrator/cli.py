@@ -1,0 +1,120 @@
+"""The `dlm` command line."""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.common.sampling import SamplingParams
+from services.orchestrator.strategies import STRATEGIES
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def engine_from(args):
+    from services.orchestrator.engine import Engine
+
+    return Engine(EngineConfig.from_yaml(args.config, device=args.device, dtype=args.dtype))
+
+
+def cmd_generate(args) -> int:
+    engine = engine_from(args)
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed)
+    params = parse_sets(args.set)
+
+    def show(event):
+        if not args.json:
+            print(engine.decode_text(event.ids), end="", flush=True)
+
+    result = engine.generate(args.prompt, args.strategy, params, args.max_new_tokens, sampling, on_commit=show)
+    if args.json:
+        keys = (
+            "rounds",
+            "drafter_forwards",
+            "guider_forwards",
+            "filter_calls",
+            "tokens",
+            "tpf",
+            "p_cache",
+            "accepted_per_round",
+            "ttft_s",
+            "wall_s",
+        )
+        stats = {k: result.stats[k] for k in keys}
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason,
+                    "stats": stats,
+                }
+            )
+        )
+    else:
+        print()
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from services.orchestrator.bench import bench, table
+
+    engine = engine_from(args)
+    strategies = [s for s in args.strategies.split(",") if s]
+    for name in strategies:
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
+    rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlm", description="Serve diffusion language models fast.")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine YAML (default: configs/dlm.yaml)")
+    parser.add_argument("--device", default=None, help="cpu or cuda[:N] (overrides the config)")
+    parser.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (overrides the config)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt in-process")
+    gen.add_argument("prompt")
+    gen.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter")
+    gen.add_argument("--max-new-tokens", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=cmd_generate)
+
+    ben = sub.add_parser("bench", help="strategies vs the ar and mdm baselines on the same prompts")
+    ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
+    ben.add_argument("--max-new-tokens", type=int, default=64)
+    ben.add_argument("--json", default=None, metavar="FILE")
+    ben.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dlm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Gate stage: which proposals become decided this round. Every gate decides at least one token (progress)."""
+
+import math
+
+import torch
+
+from services.common.proposal import Decision, Proposal, Region, Verdict
+from services.common.request import Request
+from services.filter.model import Learn2PDFilter
+
+
+def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decision:
+    """Accept the masked proposals, or the best-scoring one when none passed."""
+    if not accept.any():
+        accept = torch.zeros_like(accept)
+        accept[score.argmax()] = True
+    return Decision(proposal.positions[accept], proposal.ids[accept])
+
+
+def block_state(req: Request, key: str, region: Region, init):
+    """Per-block state that resets when the region moves to a new block."""
+    start, value = req.state.get(key, (None, None))
+    if start != region.start:
+        value = init()
+        req.state[key] = (region.start, value)
+    return value
+
+
+class AcceptAll:
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        return Decision(proposal.positions, proposal.ids)
+
+
+class TopN:
+    """LLaDA low-confidence remasking (004 §3.1.1): a fixed number of steps per block, most confident first."""
+
+    def __init__(self, steps_per_block: int):
+        self.steps = steps_per_block
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        done = block_state(req, "topn", region, lambda: [0])
+        n = math.ceil(len(proposal.positions) / max(self.steps - done[0], 1))
+        done[0] += 1
+        accept = torch.zeros(len(proposal.positions), dtype=torch.bool)
+        accept[proposal.probs.topk(min(n, len(accept))).indices] = True
+        return pick(proposal, accept, proposal.probs)
+
+
+class Threshold:
+    """Fast-dLLM threshold decoding (001 §2.2): commit every token whose confidence exceeds the threshold."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        return pick(proposal, proposal.probs > self.threshold, proposal.probs)
+
+
+class Credit:
+    """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C); threshold."""
+
+    def __init__(self, threshold: float, beta: float, gamma: float, alpha: float):
+        self.threshold, self.beta, self.gamma, self.alpha = threshold, beta, gamma, alpha
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        vocab = proposal.logits.shape[-1]
+        credit = block_state(req, "credit", region, lambda: torch.zeros(region.end - region.start, vocab))
+        rows = proposal.positions - region.start
+        probs = torch.softmax(proposal.logits, -1)  # [N, V]
+        top_p, top = probs.max(-1)
+        credit[rows] *= self.beta
+        credit[rows, top] += top_p**self.gamma
+        fused = torch.softmax(proposal.logits + self.alpha * torch.log1p(credit[rows]), -1)
+        conf, ids = fused.max(-1)
+        fused_proposal = Proposal(proposal.positions, ids, conf, proposal.entropy, proposal.logits)
+        return pick(fused_proposal, conf > self.threshold, conf)
+
+
+class Hierarchical:
+    """Hierarchical decoding (001 B.1): confident tokens, plus one per contiguous masked span when the span's best
+    clears the lower bound, preferring the span's centre, so masked regions split recursively across forwards."""
+
+    def __init__(self, threshold: float, low_threshold: float):
+        self.threshold, self.low = threshold, low_threshold
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        accept = proposal.probs > self.threshold
+        for span in spans(proposal.positions):
+            pos = proposal.positions[span].float()
+            score = proposal.probs[span] - 1e-3 * (pos - pos.mean()).abs()  # near-ties go to the centre
+            best = span[score.argmax()]
+            if proposal.probs[best] >= self.low:
+                accept[best] = True
+        return pick(proposal, accept, proposal.probs)
+
+
+def spans(positions: torch.Tensor) -> list[torch.Tensor]:
+    """Indices into positions [N] grouped into runs of consecutive positions."""
+    if len(positions) == 0:
+        return []
+    breaks = (positions.diff() != 1).nonzero().squeeze(-1) + 1
+    return list(torch.arange(len(positions)).tensor_split(breaks))
+
+
+class EntropyWindow:
+    """WeDLM streaming selection (002 Eq. 11): H_i + lambda * d_i < tau, d_i the distance to the leftmost mask."""
+
+    def __init__(self, entropy_threshold: float, distance_penalty: float):
+        self.tau, self.lam = entropy_threshold, distance_penalty
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        adjusted = proposal.entropy + self.lam * (proposal.positions - proposal.positions.min())
+        return pick(proposal, adjusted < self.tau, -adjusted)
+
+
+class FilterGate:
+    """Learn2PD (004 Alg. 2): the filter scores the block's confidences; decided positions count as certain."""
+
+    def __init__(self, model: Learn2PDFilter, threshold: float):
+        self.model, self.threshold = model, threshold
+
+    def scores(self, req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
+        confidence = torch.ones(region.end - region.start)
+        confidence[proposal.positions - region.start] = proposal.probs
+        req.stats.filter_calls += 1
+        return self.model.accept_probs(confidence)[proposal.positions - region.start]
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
+        score = self.scores(req, region, proposal)
+        return pick(proposal, score > self.threshold, score)
+
+
+class GuiderAgreement:
+    """FlashDLM guided unmasking (003 Alg. 1, C.4): the longest prefix where the draft is the guider's choice (or, with
+    top_k_match > 1, in its top-k with drafter probability > guidance_threshold * guider max probability) is decided;
+    with none, the guider's own token. bonus_token also decides the guider's token at the first disagreement.
+    A filter, when given, keeps confident drafts past the agreement as tentative context for the next round."""
+
+    def __init__(self, top_k_match: int, guidance_threshold: float, bonus_token: bool, keep: FilterGate | None = None):
+        self.k, self.tau, self.bonus, self.keep = top_k_match, guidance_threshold, bonus_token, keep
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
+        drafter_probs = torch.ones(len(verdict.positions))
+        drafter_probs[proposal.positions - verdict.positions[0]] = proposal.probs
+        match = verdict.draft == verdict.target
+        if self.k > 1:
+            in_topk = (verdict.topk[:, : self.k] == verdict.draft[:, None]).any(-1)
+            match |= in_topk & (drafter_probs > self.tau * verdict.target_probs)
+        n = int(match.long().cumprod(0).sum())
+        ids = verdict.draft[:n]
+        if n < len(match) and (n == 0 or self.bonus):
+            ids, n = torch.cat([ids, verdict.target[n : n + 1]]), n + 1
+        decision = Decision(verdict.positions[:n], ids)
+        if self.keep is not None:
+            later = proposal.positions > verdict.positions[n - 1]
+            if later.any():
+                score = self.keep.scores(req, region, proposal)
+                kept = later & (score > self.keep.threshold)
+                decision.fill_positions, decision.fill_ids = proposal.positions[kept], proposal.ids[kept]
+        return decision

@@ -1,0 +1,154 @@
+"""ReFusion slot decoding (000 §4.2, A.3) as the three stages of a round.
+
+Select round: the drafter drafts every masked slot of the block (Stage I); slots whose first-token probability
+exceeds tau_slot are selected (else the best one); the drafter verifies the selected drafts concatenated in logical
+order (Eq. 7); the longest prefix with every probability > tau_token is kept, and if it covers whole slots, they
+are decided. Otherwise completion rounds follow (Eq. 8-9): each selected slot, isolated from the others, keeps its
+verified prefix and re-predicts the rest, until every selected slot is complete. Completed slots are committed in
+commit order, ahead of the remaining masks, with their logical position ids.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from services.common.proposal import Decision, Proposal, Region, Verdict, propose_from_logits
+from services.common.request import Request
+from services.dlm_drafter.causal import CausalDrafter
+
+
+@dataclass(slots=True)
+class SlotWork:
+    starts: list[int]  # generation position of each selected slot
+    drafts: list[torch.Tensor]  # per slot, its draft tokens
+    first_probs: list[float]  # per slot, probability of its first draft token when it was predicted from a mask
+    valid: list[int]  # per slot, verified prefix length
+    completing: bool = False
+    fresh: bool = False  # just entered completion: the drafts are verified in isolation before any re-prediction
+
+    def positions(self) -> torch.Tensor:
+        return torch.cat([torch.arange(s, s + len(d)) for s, d in zip(self.starts, self.drafts, strict=True)])
+
+
+class SlotPropose:
+    def __init__(self, drafter: CausalDrafter, slot_size: int, slot_threshold: float):
+        self.drafter, self.k, self.tau_slot = drafter, slot_size, slot_threshold
+
+    def __call__(self, req: Request, region: Region) -> Proposal:
+        work: SlotWork | None = req.state.get("slots")
+        if work is None:
+            return self.select(req, region)
+        return self.complete(req, work)
+
+    def select(self, req: Request, region: Region) -> Proposal:
+        proposal = self.drafter.propose(req, region)
+        first = (proposal.positions - region.start) % self.k == 0
+        scores = proposal.probs[first]
+        chosen = scores > self.tau_slot
+        if not chosen.any():
+            chosen[scores.argmax()] = True
+        draft = req.tokens.clone()
+        draft[proposal.positions] = proposal.ids
+        starts = proposal.positions[first][chosen].tolist()
+        ends = [min(s + self.k, region.end) for s in starts]
+        req.state["slots"] = SlotWork(
+            starts, [draft[s:e] for s, e in zip(starts, ends, strict=True)], scores[chosen].tolist(), [0] * len(starts)
+        )
+        return proposal
+
+    def complete(self, req: Request, work: SlotWork) -> Proposal:
+        """Re-predict, from masks, every slot's suffix past its verified prefix; slots do not see each other."""
+        if work.fresh:
+            work.fresh = False
+            return empty_proposal()
+        ids, groups, masked = [], [], []
+        for i, (draft, valid) in enumerate(zip(work.drafts, work.valid, strict=True)):
+            ids.append(torch.cat([draft[:valid], torch.full((len(draft) - valid,), req.mask_id)]))
+            groups.append(torch.full((len(draft),), i))
+            masked.append(torch.arange(len(draft)) >= valid)
+        positions = work.positions()
+        masked = torch.cat(masked)
+        logits = self.drafter.forward(req, torch.cat(ids), positions, torch.cat(groups))
+        proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.generator, req.mask_id)
+        filled = torch.cat(ids)
+        filled[masked] = proposal.ids
+        offset = 0
+        for i, draft in enumerate(work.drafts):
+            work.drafts[i] = filled[offset : offset + len(draft)]
+            if work.valid[i] == 0:
+                work.first_probs[i] = float(proposal.probs[int(masked[:offset].sum())])
+            offset += len(draft)
+        return proposal
+
+
+def empty_proposal() -> Proposal:
+    none = torch.empty(0, dtype=torch.long)
+    return Proposal(none, none, torch.empty(0), torch.empty(0), torch.empty(0, 0))
+
+
+class SlotVerify:
+    """The drafter itself, causally: the output at draft token j gives the probability of token j + 1."""
+
+    def __init__(self, drafter: CausalDrafter):
+        self.drafter = drafter
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal) -> Verdict:
+        work: SlotWork = req.state["slots"]
+        draft, positions = torch.cat(work.drafts), work.positions()
+        groups = torch.cat([torch.full((len(d),), i) for i, d in enumerate(work.drafts)])
+        logits = self.drafter.forward(req, draft, positions, groups if work.completing else None)
+        probs = torch.softmax(logits, -1).cpu()  # [T, V]
+        draft_probs = torch.empty(len(draft))
+        draft_probs[1:] = probs[:-1].gather(-1, draft[1:, None]).squeeze(-1)
+        target_probs, target = torch.empty(len(draft)), torch.empty(len(draft), dtype=torch.long)
+        target_probs[1:], target[1:] = probs[:-1].max(-1)
+        firsts = torch.cat([torch.tensor([0]), torch.tensor([len(d) for d in work.drafts]).cumsum(0)[:-1]])
+        draft_probs[firsts] = torch.tensor(work.first_probs)  # first tokens: Eq. 7 j = 1, from the mask forward
+        target[firsts], target_probs[firsts] = draft[firsts], draft_probs[firsts]
+        return Verdict(positions, draft, target, target[:, None], draft_probs, target_probs)
+
+
+class SlotGate:
+    def __init__(self, token_threshold: float):
+        self.tau_token = token_threshold
+
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
+        work: SlotWork = req.state["slots"]
+        ok = (verdict.draft_probs > self.tau_token).split([len(d) for d in work.drafts])
+        targets = verdict.target.split([len(d) for d in work.drafts])
+        done = []
+        if not work.completing:
+            prefix = int(torch.cat(ok).long().cumprod(0).sum())
+            ends = torch.tensor([len(d) for d in work.drafts]).cumsum(0)
+            done = list(range(int((ends <= prefix).sum())))
+            if not done:
+                work.completing = work.fresh = True
+                work.valid[0] = min(prefix, len(work.drafts[0]))  # the first slot's prefix holds under Eq. 8 too
+        else:
+            for i, slot_ok in enumerate(ok):
+                valid = int(slot_ok.long().cumprod(0).sum())
+                if valid <= work.valid[i]:  # no progress: take the drafter's own AR choice past the prefix
+                    valid = work.valid[i] + 1
+                    work.drafts[i][valid - 1] = targets[i][valid - 1]
+                work.valid[i] = valid
+                if valid == len(work.drafts[i]):
+                    done.append(i)
+        if not done:
+            return Decision(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
+        decision = Decision(
+            torch.cat([torch.arange(work.starts[i], work.starts[i] + len(work.drafts[i])) for i in done]),
+            torch.cat([work.drafts[i] for i in done]),
+        )
+        keep = [i for i in range(len(work.starts)) if i not in done]
+        req.state["slots"] = (
+            None
+            if not work.completing or not keep
+            else SlotWork(
+                [work.starts[i] for i in keep],
+                [work.drafts[i] for i in keep],
+                [work.first_probs[i] for i in keep],
+                [work.valid[i] for i in keep],
+                True,
+            )
+        )
+        return decision
