@@ -101,3 +101,37 @@ def test_slot_output_restores_logical_order(engine):
                 assert canvas.setdefault(offset + i, t) == t
     ids = req.output_ids()
     assert all(ids[p] == t for p, t in canvas.items() if p < len(ids))
+
+
+class OracleDrafter:
+    """A drafter that always agrees with the guider: it proposes the guider's greedy continuation."""
+
+    def __init__(self, reference: list[int]):
+        self.reference = reference
+
+    def propose(self, req, region):
+        import torch
+
+        from services.common.proposal import propose_from_logits
+
+        masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1) + region.start
+        logits = torch.zeros(len(masked), 400)
+        logits[torch.arange(len(masked)), torch.tensor([self.reference[p] for p in masked.tolist()])] = 5.0
+        return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
+
+    def release(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt):
+    from services.orchestrator.loop import decode
+
+    reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
+    ids = reference.token_ids + [0] * 24
+    req = engine.request(prompt, max_new_tokens=24)
+    stages = make_params("guided", {"top_k_match": 1, "block_size": 8}).build(engine.models)
+    stages.propose = OracleDrafter(ids).propose
+    list(decode(req, stages))
+    assert req.output_ids() == reference.token_ids
+    assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)
