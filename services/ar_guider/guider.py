@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from services.common.batch import Item, forward
 from services.common.kv import truncate
 from services.common.models import LoadedModel
 from services.common.proposal import Verdict, never_mask
@@ -35,34 +36,46 @@ class Guider:
         self.role = role  # which stats counter its forwards go to
         self.caches: dict[str, GuiderCache] = {}
 
-    @torch.inference_mode()
-    def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
-        """Logits [M + 1, V] for generation positions start .. start + M given the decided prefix and draft [M]."""
+    def item(self, req: Request, start: int, draft: torch.Tensor) -> Item:
         cache = self.caches.setdefault(req.id, GuiderCache(DynamicCache(), []))
-        end = req.prompt_len + start  # the sequence before the span
-        seq = req.prompt_ids + req.tokens[:start].tolist()
+        seq = req.prompt_ids + req.tokens[:start].tolist()  # the sequence before the span
         # trim back to what is still the accepted prefix; the last token before the span must run again
-        past = min(common_prefix(cache.ids, seq), end - 1)
+        past = min(common_prefix(cache.ids, seq), len(seq) - 1)
         truncate(cache.kv, past)
-        cache.ids = seq[:past] + seq[past:end] + draft.tolist()
-        input_ids = torch.tensor(cache.ids[past:], device=self.model.device)[None]
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=torch.arange(past, past + input_ids.shape[1], device=self.model.device)[None],
-            attention_mask=torch.ones(1, past + input_ids.shape[1], dtype=torch.long, device=self.model.device),
-            past_key_values=cache.kv,
-            use_cache=True,
-        )
+        cache.ids = seq + draft.tolist()
         setattr(req.stats, f"{self.role}_forwards", getattr(req.stats, f"{self.role}_forwards") + 1)
-        return never_mask(out.logits[0, end - past - 1 :].float(), req.mask_id)
+        new = cache.ids[past:]
+        return Item(cache.kv, new, list(range(past, past + len(new))), len(new))
+
+    def forward_batch(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
+        """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M."""
+        items = [self.item(*call) for call in calls]
+        logits = forward(self.model, items)
+        return [
+            never_mask(out[len(out) - len(draft) - 1 :], req.mask_id)
+            for out, (req, _, draft) in zip(logits, calls, strict=True)
+        ]
+
+    def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
+        return self.forward_batch([(req, start, draft)])[0]
+
+    def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor]], top_k: int) -> list[Verdict]:
+        return [
+            verdict(start, draft, logits[: len(draft)], top_k)
+            for (_, start, draft), logits in zip(calls, self.forward_batch(calls), strict=True)
+        ]
 
     def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
-        logits = self.forward(req, start, draft)[: len(draft)]  # [M, V]
-        probs = torch.softmax(logits, -1).cpu()
-        target_probs, target = probs.max(-1)
-        positions = torch.arange(start, start + len(draft))
-        draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
-        return Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)
+        return self.verify_batch([(req, start, draft)], top_k)[0]
 
     def release(self, request_id: str) -> None:
         self.caches.pop(request_id, None)
+
+
+def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int) -> Verdict:
+    """logits [M, V] predicting each draft position -> the guider's verdict on draft [M]."""
+    probs = torch.softmax(logits, -1).cpu()
+    target_probs, target = probs.max(-1)
+    draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
+    positions = torch.arange(start, start + len(draft))
+    return Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from services.common.kv import cache_len, isolation_mask, truncate
+from services.common.batch import Item, forward
+from services.common.kv import cache_len
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
@@ -33,14 +34,8 @@ class CausalDrafter:
         self.model = loaded.model
         self.caches: dict[str, CausalCache] = {}
 
-    @torch.inference_mode()
-    def forward(
-        self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Run ids [L] at generation positions [L] after the request's cache -> logits [L, V].
-
-        groups [L], when given, isolates spans from each other (each sees the cache and its own span causally).
-        """
+    def item(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None) -> Item:
+        """ids [L] at generation positions [L], preceded by the commits (and, first time, the prompt) not yet cached."""
         cache = self.caches.setdefault(req.id, CausalCache(DynamicCache()))
         pending = req.order[cache.committed :]
         prefix_ids = req.tokens[pending].tolist()
@@ -51,34 +46,43 @@ class CausalDrafter:
             req.stats.drafter_tokens_processed += len(pending)
         req.stats.drafter_tokens_processed += len(ids)
         req.stats.drafter_forwards += 1
-        past, n = cache_len(cache.kv), len(prefix_ids)
-        device = self.model.device
-        input_ids = torch.tensor(prefix_ids + ids.tolist(), device=device)[None]
-        position_ids = torch.tensor(prefix_pos + (positions + req.prompt_len).tolist(), device=device)[None]
-        if groups is None:
-            mask = torch.ones(1, past + input_ids.shape[1], dtype=torch.long, device=device)
-        else:
-            mask = isolation_mask(past, torch.cat([torch.full((n,), -1), groups]), device)
-            mask[..., n:, past : past + n] = True  # every span sees the pending prefix
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask,
-            past_key_values=cache.kv,
-            use_cache=True,
-        )
-        truncate(cache.kv, past + n)
         cache.committed = len(req.order)
-        return out.logits[0, n:].float()
+        n = len(prefix_ids)
+        if groups is not None:
+            groups = torch.cat([torch.full((n,), -1), groups])
+        return Item(cache.kv, prefix_ids + ids.tolist(), prefix_pos + (positions + req.prompt_len).tolist(), n, groups)
+
+    def forward_batch(self, calls: list[tuple]) -> list[torch.Tensor]:
+        """calls: (req, ids [L], positions [L], groups [L] | None) -> logits [L, V] each, in one padded forward.
+
+        groups, when given, isolate spans from each other: each sees the cache and its own span, causally.
+        """
+        items = [self.item(*call) for call in calls]
+        logits = forward(self.model, items)
+        return [out[item.keep :] for out, item in zip(logits, items, strict=True)]
+
+    def forward(
+        self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.forward_batch([(req, ids, positions, groups)])[0]
+
+    def propose_batch(self, calls: list[tuple[Request, Region]]) -> list[Proposal]:
+        """Fill every masked position of each region; clean context and pending commits stand before the masks."""
+        inputs = []
+        for req, region in calls:
+            context = req.context_positions()
+            known = req.decided | req.filled
+            masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
+            ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
+            inputs.append((req, ids, torch.cat([context, masked]), None, len(context), masked))
+        logits = self.forward_batch([call[:4] for call in inputs])
+        return [
+            propose_from_logits(masked, out[n:], req.sampling, req.generator, req.mask_id)
+            for (req, _, _, _, n, masked), out in zip(inputs, logits, strict=True)
+        ]
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        """Fill every masked position of the region; clean context and pending commits stand before the masks."""
-        context = req.context_positions()
-        known = req.decided | req.filled
-        masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
-        ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
-        logits = self.forward(req, ids, torch.cat([context, masked]))[len(context) :]
-        return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
+        return self.propose_batch([(req, region)])[0]
 
     def release(self, request_id: str) -> None:
         self.caches.pop(request_id, None)
