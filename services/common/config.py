@@ -10,6 +10,26 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__
 
 
 @dataclass(slots=True)
+class ServingConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.002
+    max_concurrency: int = 64  # requests decoding at once in the orchestrator
+    redis_url: str | None = None  # None: the embedded cache index
+    kv_budget_tokens: int = 65536  # per drafter / guider replica
+    max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
+    request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
+        if self.num_gpus < 0 or self.max_batch_size < 1 or self.kv_budget_tokens < 1 or self.max_queue < 0:
+            raise ValueError("serving: num_gpus >= 0, max_batch_size >= 1, kv_budget_tokens >= 1, max_queue >= 0")
+
+
+@dataclass(slots=True)
 class EngineConfig:
     models: dict[str, str] = field(default_factory=dict)  # role -> local directory
     device: str = "cpu"
@@ -18,8 +38,11 @@ class EngineConfig:
     strategy: str = "pipeline"
     strategies: dict[str, dict] = field(default_factory=dict)  # per-strategy parameter overrides
     max_new_tokens: int = 128
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     def __post_init__(self):
+        if isinstance(self.serving, dict):
+            self.serving = ServingConfig(**self.serving)
         unknown = set(self.models) - set(ROLES)
         if unknown:
             raise ValueError(f"models: unknown roles {sorted(unknown)}; roles are {ROLES}")

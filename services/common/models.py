@@ -11,21 +11,63 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 @dataclass(slots=True)
-class LoadedModel:
-    model: PreTrainedModel
-    tokenizer: object
+class ModelMeta:
+    """What the orchestrator needs of a model without its weights: tokenizer, special ids, context length."""
+
     path: str
+    tokenizer: object
     mask_id: int | None
     eos_id: int
+    max_length: int
     bidirectional: bool
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    meta: ModelMeta
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
     @property
+    def path(self) -> str:
+        return self.meta.path
+
+    @property
+    def tokenizer(self):
+        return self.meta.tokenizer
+
+    @property
+    def mask_id(self) -> int | None:
+        return self.meta.mask_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.meta.eos_id
+
+    @property
     def max_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 4096))
+        return self.meta.max_length
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.meta.bidirectional
+
+
+def load_meta(path: str) -> ModelMeta:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory not found: {path}")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    bidirectional = getattr(config, "dlm_family", None) == "bidirectional" or not getattr(config, "is_causal", True)
+    mask_id = getattr(config, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = tokenizer.mask_token_id
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    max_length = int(getattr(config, "max_position_embeddings", 4096))
+    return ModelMeta(path, tokenizer, mask_id, int(eos_id), max_length, bidirectional)
 
 
 def attention_backend(device: str, reordered: bool) -> str:
@@ -36,28 +78,19 @@ def attention_backend(device: str, reordered: bool) -> str:
 
 
 def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered: bool = False) -> LoadedModel:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory not found: {path}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    bidirectional = getattr(config, "dlm_family", None) == "bidirectional" or not getattr(config, "is_causal", True)
+    meta = load_meta(path)
     model = AutoModelForCausalLM.from_pretrained(
         path,
-        config=config,
         local_files_only=True,
         dtype=DTYPES[dtype],
-        attn_implementation=attention_backend(device, reordered or bidirectional),
+        attn_implementation=attention_backend(device, reordered or meta.bidirectional),
     )
-    if bidirectional:
+    if meta.bidirectional:
         make_bidirectional(model)
     model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    mask_id = getattr(config, "mask_token_id", None)
-    if mask_id is None:
-        mask_id = tokenizer.mask_token_id
-    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
-    return LoadedModel(model, tokenizer, path, mask_id, int(eos_id), bidirectional)
+    return LoadedModel(model, meta)
 
 
 def make_bidirectional(model: PreTrainedModel) -> None:

@@ -3,6 +3,8 @@
 import time
 from dataclasses import asdict, dataclass, field
 
+COUNTERS = ("drafter_forwards", "guider_forwards", "filter_calls", "drafter_tokens_processed")
+
 
 @dataclass(slots=True)
 class Stats:
@@ -16,6 +18,14 @@ class Stats:
     start_s: float = field(default_factory=time.perf_counter)
     first_commit_s: float | None = None
     end_s: float | None = None
+
+    def counters(self) -> dict[str, int]:
+        """The counts a remote stage adds to, as opposed to clocks that only mean something in one process."""
+        return {k: getattr(self, k) for k in COUNTERS}
+
+    def add(self, delta: dict[str, int]) -> None:
+        for key, value in delta.items():
+            setattr(self, key, getattr(self, key) + value)
 
     def on_commit(self, n: int) -> None:
         if n and self.first_commit_s is None:

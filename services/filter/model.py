@@ -40,12 +40,17 @@ class Learn2PDFilter(nn.Module):
         return self.mlp(confidence)
 
     @torch.inference_mode()
+    def accept_probs_batch(self, confidences: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each confidence [n <= block] of one block -> sigmoid scores [n]; shorter blocks are padded with zeros."""
+        size = self.config.block_size
+        padded = torch.zeros(len(confidences), size)
+        for row, conf in enumerate(confidences):
+            padded[row, : len(conf)] = conf[:size].float()
+        scores = torch.sigmoid(self(padded))
+        return [scores[row, : len(conf)] for row, conf in enumerate(confidences)]
+
     def accept_probs(self, confidence: torch.Tensor) -> torch.Tensor:
-        """confidence [n <= block] of one block -> sigmoid scores [n]; shorter blocks are padded with zeros."""
-        n, size = len(confidence), self.config.block_size
-        padded = torch.zeros(size, dtype=torch.float32)
-        padded[: min(n, size)] = confidence[:size].float()
-        return torch.sigmoid(self(padded[None]))[0, :n]
+        return self.accept_probs_batch([confidence])[0]
 
     def save(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig
-from services.common.models import LoadedModel, load_model
+from services.common.models import LoadedModel, ModelMeta, load_model
 from services.common.proposal import Committed
 from services.common.request import Request
 from services.common.sampling import SamplingParams
@@ -47,11 +47,16 @@ class ModelPool:
             self.filter_model = Learn2PDFilter.load(self.config.path("filter"))
         return self.filter_model
 
-    def tokenizer_model(self) -> LoadedModel:
-        for role in ("drafter", "drafter_bidirectional", "guider", "ar"):
-            if role in self.config.models:
-                return self.load(role)
-        raise ValueError("config names no model (models.drafter, models.guider, ...)")
+    def meta(self) -> ModelMeta:
+        return self.load(first_role(self.config)).meta
+
+
+def first_role(config: EngineConfig) -> str:
+    """The model whose tokenizer the engine speaks: all roles share one tokenizer."""
+    for role in ("drafter", "drafter_bidirectional", "guider", "ar"):
+        if role in config.models:
+            return role
+    raise ValueError("config names no model (models.drafter, models.guider, ...)")
 
 
 @dataclass(slots=True)
@@ -63,14 +68,14 @@ class Result:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, models=None):
         self.config = config
-        self.models = ModelPool(config)
+        self.models = models or ModelPool(config)  # or a pool of remote stage components (services)
         self.ids = itertools.count()
 
     @property
     def tokenizer(self):
-        return self.models.tokenizer_model().tokenizer
+        return self.models.meta().tokenizer
 
     def encode(self, prompt: str) -> list[int]:
         tok = self.tokenizer
@@ -90,7 +95,7 @@ class Engine:
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
     ) -> Request:
-        base = self.models.tokenizer_model()
+        base = self.models.meta()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt must not be empty")

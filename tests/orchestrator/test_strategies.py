@@ -16,8 +16,8 @@ CASES = (
 
 @pytest.mark.parametrize("strategy,params", CASES, ids=[f"{s}-{'-'.join(map(str, p.values()))}" for s, p in CASES])
 def test_strategy_runs_and_keeps_invariants(engine, strategy, params):
-    mask_id = engine.models.tokenizer_model().mask_id
-    eos_id = engine.models.tokenizer_model().eos_id
+    mask_id = engine.models.meta().mask_id
+    eos_id = engine.models.meta().eos_id
     req = engine.request(PROMPTS[0], max_new_tokens=20)
     events = list(engine.stream(req, strategy, params))
     ids = req.output_ids()

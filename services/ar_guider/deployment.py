@@ -1,0 +1,54 @@
+"""Ray Serve deployment of an AR model (the guider, or the AR baseline): KV per request, batched verification."""
+
+from collections import Counter
+
+import torch
+from ray import serve
+
+from services.ar_guider.guider import Guider
+from services.common.config import EngineConfig
+from services.common.models import load_model
+from services.common.remote_call import Reply, run_batch
+
+
+@serve.deployment(name="guider")
+class GuiderDeployment:
+    def __init__(
+        self, config: dict, role: str = "guider", max_batch_size: int = 16, batch_wait_timeout_s: float = 0.002
+    ):
+        cfg = EngineConfig(**config)
+        self.guider = Guider(
+            load_model(cfg.path(role), cfg.device, cfg.dtype), role="guider" if role == "guider" else "drafter"
+        )
+        self.batches: Counter[int] = Counter()
+        for method in (self.verify, self.forward):
+            method.set_max_batch_size(max_batch_size)
+            method.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    @serve.batch
+    async def verify(self, calls: list[tuple]) -> list[Reply]:
+        """calls: (request, start, draft, top_k) -> Verdict, many requests in one forward."""
+        self.batches[len(calls)] += 1
+        top_k = max(call[3] for call in calls)
+        replies = run_batch(lambda cs: self.guider.verify_batch([c[:3] for c in cs], top_k), calls)
+        for reply, call in zip(replies, calls, strict=True):
+            reply.value.topk = reply.value.topk[:, : call[3]]
+        return replies
+
+    @serve.batch
+    async def forward(self, calls: list[tuple]) -> list[Reply]:
+        """calls: (request, start, draft) -> logits [M + 1, V]; AR decoding asks with an empty draft."""
+        self.batches[len(calls)] += 1
+        return run_batch(self.guider.forward_batch, calls)
+
+    def release(self, request_id: str) -> None:
+        self.guider.release(request_id)
+
+    def held(self) -> dict[str, int]:
+        return {rid: cache.kv.get_seq_length() for rid, cache in self.guider.caches.items()}
+
+    def batch_sizes(self) -> dict[int, int]:
+        return dict(self.batches)
+
+    def check_health(self) -> None:
+        torch.ones(1, device=self.guider.model.device).add_(1)

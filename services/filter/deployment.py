@@ -1,0 +1,25 @@
+"""Ray Serve deployment of the Learn2PD filter: concurrent requests' blocks scored in one MLP call."""
+
+import torch
+from ray import serve
+
+from services.common.config import EngineConfig
+from services.filter.model import Learn2PDFilter
+
+
+@serve.deployment(name="filter")
+class FilterDeployment:
+    def __init__(self, config: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.002):
+        self.model = Learn2PDFilter.load(EngineConfig(**config).path("filter"))
+        self.accept_probs.set_max_batch_size(max_batch_size)
+        self.accept_probs.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    def filter_config(self) -> dict:
+        return {"block_size": self.model.config.block_size, "threshold": self.model.config.threshold}
+
+    @serve.batch
+    async def accept_probs(self, confidences: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.model.accept_probs_batch(confidences)
+
+    def check_health(self) -> None:
+        self.model(torch.zeros(1, self.model.config.block_size))

@@ -1,0 +1,128 @@
+"""Remote stage components: the same interfaces as the in-process drafters, guider and filter, over Serve handles.
+
+The round loop and the strategies do not change: the orchestrator's Engine gets a RemoteModelPool instead of a
+ModelPool. Each call ships a copy of the request; its effects (stat counters, sampling RNG) come back in the reply.
+"""
+
+import time
+
+import torch
+from ray.serve.handle import DeploymentHandle
+
+from services.common.config import EngineConfig
+from services.common.models import ModelMeta, load_meta
+from services.common.proposal import Proposal, Region, Verdict
+from services.common.remote_call import absorb
+from services.common.request import Request
+from services.dlm_drafter.bidirectional import Smoothing
+from services.filter.model import FilterConfig
+from services.orchestrator.engine import first_role
+
+
+class RemoteCausalDrafter:
+    family = "causal"
+
+    def __init__(self, handle: DeploymentHandle):
+        self.handle = handle
+
+    def propose(self, req: Request, region: Region) -> Proposal:
+        return absorb(req, self.handle.propose.remote((req, region)).result())
+
+    def forward(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None):
+        return absorb(req, self.handle.forward.remote((req, ids, positions, groups)).result())
+
+    def release(self, request_id: str) -> None:
+        self.handle.release.remote(request_id).result()
+
+
+class RemoteBidirectionalDrafter(RemoteCausalDrafter):
+    family = "bidirectional"
+
+    def __init__(self, handle: DeploymentHandle, cache: str, smoothing: bool):
+        super().__init__(handle)
+        self.cache, self.smoothing = cache, smoothing
+
+    def propose(self, req: Request, region: Region) -> Proposal:
+        return absorb(req, self.handle.propose_full.remote((req, region, self.cache, self.smoothing)).result())
+
+
+class RemoteGuider:
+    def __init__(self, handle: DeploymentHandle):
+        self.handle = handle
+
+    def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
+        return absorb(req, self.handle.verify.remote((req, start, draft, top_k)).result())
+
+    def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
+        return absorb(req, self.handle.forward.remote((req, start, draft)).result())
+
+    def release(self, request_id: str) -> None:
+        self.handle.release.remote(request_id).result()
+
+
+class RemoteFilter:
+    def __init__(self, handle: DeploymentHandle):
+        self.handle = handle
+        self.config = FilterConfig(**handle.filter_config.remote().result())
+
+    def accept_probs(self, confidence: torch.Tensor) -> torch.Tensor:
+        return self.handle.accept_probs.remote(confidence).result()
+
+
+class RemoteModelPool:
+    """ModelPool's interface over the deployments; `load` waits until a role's deployment is healthy."""
+
+    def __init__(self, config: EngineConfig, handles: dict[str, DeploymentHandle]):
+        self.config, self.handles = config, handles
+        self.metadata: ModelMeta | None = None
+        self.remote_filter: RemoteFilter | None = None
+
+    def handle(self, role: str) -> DeploymentHandle:
+        if role not in self.handles:
+            raise ValueError(f"model {role!r} is not served by this deployment (served: {sorted(self.handles)})")
+        return self.handles[role]
+
+    def load(self, role: str, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        deployment = "drafter" if role == "drafter_bidirectional" else role  # one deployment hosts both drafters
+        while True:
+            try:
+                self.handle(deployment).check_health.remote().result(timeout_s=max(deadline - time.monotonic(), 1))
+                return
+            except ValueError:
+                raise
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def meta(self) -> ModelMeta:
+        if self.metadata is None:
+            self.metadata = load_meta(self.config.path(first_role(self.config)))
+        return self.metadata
+
+    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None):
+        if family == "causal":
+            return RemoteCausalDrafter(self.handle("drafter"))
+        return RemoteBidirectionalDrafter(self.handle("drafter"), cache, smoothing is not None)
+
+    def guider(self) -> RemoteGuider:
+        return RemoteGuider(self.handle("guider"))
+
+    def autoregressive(self, role: str) -> RemoteGuider:
+        if role == "drafter":
+            raise ValueError("model 'drafter' decodes AR only in-process; the services serve model=ar or guider")
+        return RemoteGuider(self.handle(role))
+
+    def filter(self) -> RemoteFilter:
+        if self.remote_filter is None:
+            self.remote_filter = RemoteFilter(self.handle("filter"))
+        return self.remote_filter
+
+    def held(self) -> dict[str, dict[str, int]]:
+        """Per deployment, request id -> KV tokens it holds."""
+        return {
+            role: handle.held.remote().result()
+            for role, handle in self.handles.items()
+            if role in ("drafter", "guider", "ar")
+        }
