@@ -27,6 +27,10 @@ def engine_from(args):
 
 
 def cmd_generate(args) -> int:
+    if args.target:
+        from services.orchestrator.remote_cli import generate_remote
+
+        return generate_remote(args)
     engine = engine_from(args)
     sampling = SamplingParams(args.temperature, args.top_p, args.seed)
     params = parse_sets(args.set)
@@ -66,6 +70,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.target:
+        from services.orchestrator.remote_cli import bench_remote
+
+        return bench_remote(args)
     from services.orchestrator.bench import bench, table
 
     engine = engine_from(args)
@@ -79,6 +87,16 @@ def cmd_bench(args) -> int:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)
     return 0
+
+
+def cmd_serve(args) -> int:
+    if args.local:
+        from services.orchestrator.remote_cli import serve_local
+
+        return serve_local(args.config, args.host, args.port, args.device, args.dtype)
+    from services.orchestrator.serve import serve_ray
+
+    return serve_ray(args.config, args.host, args.port, args.redis)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,13 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
     gen.set_defaults(func=cmd_generate)
 
     ben = sub.add_parser("bench", help="strategies vs the ar and mdm baselines on the same prompts")
     ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
+    ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
+    ben.add_argument("--concurrency", default="1,4,16", help="with --target: concurrent streams per level")
+    ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --target")
     ben.set_defaults(func=cmd_bench)
+
+    srv = sub.add_parser("serve", help="deploy drafter, guider and filter on Ray Serve behind the gRPC orchestrator")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=50051)
+    srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: embedded)")
+    srv.add_argument("--local", action="store_true", help="serve gRPC on the in-process engine, without Ray")
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 
