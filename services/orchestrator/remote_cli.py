@@ -1,0 +1,198 @@
+"""`dlm generate --target`, `dlm bench --target` and `dlm serve`: the CLI over gRPC."""
+
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import grpc
+
+from services.orchestrator.client import DlmClient
+from services.orchestrator.wire import FINISH_NAMES, pb, stats_dict
+
+# the in-process `generate --json` contract
+STATS_KEYS = (
+    "rounds",
+    "drafter_forwards",
+    "guider_forwards",
+    "filter_calls",
+    "tokens",
+    "tpf",
+    "p_cache",
+    "accepted_per_round",
+    "ttft_s",
+    "wall_s",
+)
+# bench.PROMPTS, repeated here because importing bench would load torch into a client
+PROMPTS = [
+    "count from 3 step 2 for 12:",
+    "copy: red blue green red yellow blue:",
+    "sort: 42 7 19 88 3:",
+    "add: 128 + 371 =",
+]
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def rpc_error(e: grpc.RpcError) -> int:
+    print(f"dlm: error: {e.code().name}: {e.details()}", file=sys.stderr)
+    return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+
+
+def generate_remote(args) -> int:
+    """Stream one prompt's text to the terminal as it commits, or print the in-process --json object."""
+    kwargs = dict(
+        strategy=args.strategy,
+        params=parse_sets(args.set),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=getattr(args, "stop", None) or (),
+    )
+    text, ids, done = [], [], None
+    try:
+        with DlmClient(args.target) as client:
+            for event in client.stream(args.prompt, **kwargs):
+                if isinstance(event, pb.Chunk):
+                    text.append(event.text)
+                    ids.extend(event.token_ids)
+                    if not args.json:
+                        print(event.text, end="", flush=True)
+                elif isinstance(event, pb.Complete):
+                    done = event
+    except grpc.RpcError as e:
+        return rpc_error(e)
+    if done is None:
+        print("dlm: error: the stream ended without completing", file=sys.stderr)
+        return 1
+    if args.json:
+        stats = stats_dict(done.stats)
+        out = {
+            "text": "".join(text),
+            "token_ids": ids,
+            "finish_reason": FINISH_NAMES[done.finish_reason],
+            "stats": {k: stats[k] for k in STATS_KEYS},
+        }
+        print(json.dumps(out))
+    else:
+        print()
+    return 0
+
+
+@dataclass(slots=True)
+class LoadRow:
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float  # aggregate over every stream
+    requests_per_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    ttft_mean_s: float  # client-side: request sent -> first text chunk
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, float, int]:
+    """(latency, time to first chunk, completion tokens) of one streamed request."""
+    start = time.perf_counter()
+    first, tokens = None, 0
+    for event in client.stream(prompt, **kwargs):
+        if isinstance(event, pb.Chunk) and first is None:
+            first = time.perf_counter() - start
+        elif isinstance(event, pb.Complete):
+            tokens = event.usage.completion_tokens
+    latency = time.perf_counter() - start
+    return latency, first if first is not None else latency, tokens
+
+
+def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict, rounds: int = 2) -> LoadRow:
+    """`concurrency` streams at once over the prompt set, each prompt sent `rounds` times at this level."""
+    work = [prompts[i % len(prompts)] for i in range(max(concurrency, len(prompts)) * rounds)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: timed_stream(client, p, kwargs), work))
+    wall = time.perf_counter() - start
+    latencies = [r[0] for r in results]
+    tokens = sum(r[2] for r in results)
+    return LoadRow(
+        concurrency,
+        len(work),
+        tokens,
+        wall,
+        tokens / wall,
+        len(work) / wall,
+        percentile(latencies, 0.5),
+        percentile(latencies, 0.9),
+        percentile(latencies, 0.99),
+        statistics.fmean(r[1] for r in results),
+    )
+
+
+def table(rows: list[LoadRow]) -> str:
+    lines = [f"{'conc':>5} {'reqs':>5} {'tok/s':>8} {'req/s':>7} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'ttft s':>7}"]
+    for r in rows:
+        lines.append(
+            f"{r.concurrency:>5} {r.requests:>5} {r.tokens_per_s:>8.1f} {r.requests_per_s:>7.2f} "
+            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f}"
+        )
+    return "\n".join(lines)
+
+
+def bench_remote(args) -> int:
+    """Aggregate throughput and latency of a running server at each concurrency level."""
+    levels = [int(c) for c in str(args.concurrency).split(",") if c]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency expects positive integers like 1,4,16, got {args.concurrency!r}")
+    kwargs = dict(max_new_tokens=args.max_new_tokens, strategy=getattr(args, "strategy", None))
+    try:
+        with DlmClient(args.target) as client:
+            client.wait_ready()
+            client.generate(PROMPTS[0], **{**kwargs, "max_new_tokens": 4})  # warm up outside the timings
+            rows = [load_level(client, c, PROMPTS, kwargs) for c in levels]
+    except grpc.RpcError as e:
+        return rpc_error(e)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+    return 0
+
+
+def serve_local(
+    config_path: str,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_concurrency: int = 16,
+) -> int:
+    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM."""
+    import asyncio
+    import logging
+
+    from services.common.config import EngineConfig
+    from services.orchestrator.backend import LocalBackend
+    from services.orchestrator.engine import Engine
+    from services.orchestrator.server import Limits, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(EngineConfig.from_yaml(config_path, device=device, dtype=dtype))
+    asyncio.run(serve(LocalBackend(engine, max_concurrency), f"{host}:{port}", Limits()))
+    return 0
