@@ -47,6 +47,10 @@ class GuiderDeployment:
     def held(self) -> dict[str, int]:
         return {rid: cache.kv.get_seq_length() for rid, cache in self.guider.caches.items()}
 
+    def replica_id(self) -> str:
+        """The id the cache index records as holding a request's KV."""
+        return serve.get_replica_context().replica_id.unique_id
+
     def batch_sizes(self) -> dict[int, int]:
         return dict(self.batches)
 

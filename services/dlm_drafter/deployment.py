@@ -70,6 +70,10 @@ class DrafterDeployment:
         )
         return held
 
+    def replica_id(self) -> str:
+        """The id the cache index records as holding a request's KV."""
+        return serve.get_replica_context().replica_id.unique_id
+
     def batch_sizes(self) -> dict[int, int]:
         return dict(self.batches)
 

@@ -7,9 +7,11 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from services.ar_guider.deployment import GuiderDeployment
+from services.common.cache_index import make_index
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
+from services.orchestrator.admission import KVAdmission
 from services.orchestrator.backend import LocalBackend
 from services.orchestrator.engine import Engine
 from services.orchestrator.remote import RemoteModelPool
@@ -20,8 +22,14 @@ from services.orchestrator.server import Server
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
+        serving = cfg.serving
         self.pool = RemoteModelPool(cfg, handles)
-        self.backend = LocalBackend(Engine(cfg, models=self.pool), cfg.serving.max_concurrency)
+        replicas = {role: await handles[role].replica_id.remote() for role in ("drafter", "guider") if role in handles}
+        self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
+        admission = KVAdmission(
+            self.index, replicas, serving.kv_budget_tokens, serving.max_queue, serving.request_ttl_s
+        )
+        self.backend = LocalBackend(Engine(cfg, models=self.pool), serving.max_concurrency, admission)
         self.server = Server(self.backend)
         self.port = await self.server.start(f"{cfg.serving.host}:{cfg.serving.port}")
 
@@ -30,7 +38,7 @@ class Orchestrator:
 
     def live(self) -> dict:
         """Requests holding state: in the orchestrator, and per model deployment."""
-        return {"orchestrator": self.backend.live(), **self.pool.held()}
+        return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **self.pool.held()}
 
     def batch_sizes(self) -> dict:
         return {role: self.pool.handle(role).batch_sizes.remote().result() for role in ("drafter", "guider")}

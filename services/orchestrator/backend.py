@@ -16,6 +16,7 @@ from uuid import uuid4
 from services.common.proposal import Committed
 from services.common.request import Request
 from services.common.sampling import SamplingParams
+from services.orchestrator.admission import KVAdmission
 from services.orchestrator.engine import Engine
 from services.orchestrator.strategies import STRATEGIES, make_params
 
@@ -134,8 +135,9 @@ class LocalJob:
 class LocalBackend:
     """The in-process Engine, each request decoded on a thread of a bounded pool."""
 
-    def __init__(self, engine: Engine, max_concurrency: int = 16):
+    def __init__(self, engine: Engine, max_concurrency: int = 16, admission: KVAdmission | None = None):
         self.engine = engine
+        self.admission = admission  # KV budget and cache index; None: admit everything, index nothing
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="dlm-decode")
         self.jobs: dict[str, LocalJob] = {}
         self.ready = False
@@ -156,7 +158,12 @@ class LocalBackend:
             raise AlreadyExists(f"request_id {spec.request_id!r} is already decoding")
         # tokenizer and stage set-up are quick; they stay on the event loop's thread, so never run concurrently
         req = self.engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
-        job = LocalJob(req, self.engine.stream(req, spec.strategy, spec.params), spec.deadline)
+        rounds = self.engine.stream(req, spec.strategy, spec.params)
+        if self.admission is not None:
+            timeout = spec.deadline - time.monotonic() if spec.deadline is not None else None
+            await self.admission.admit(req, spec.strategy or self.engine.config.strategy, spec.params, timeout)
+            rounds = self.admission.track(req, rounds)
+        job = LocalJob(req, rounds, spec.deadline)
         self.jobs[req.id] = job
         self.pool.submit(self.run, job)
         return job

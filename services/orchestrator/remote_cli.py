@@ -188,11 +188,13 @@ def serve_local(
     import logging
 
     from services.common.config import EngineConfig
+    from services.orchestrator.admission import local_admission
     from services.orchestrator.backend import LocalBackend
     from services.orchestrator.engine import Engine
     from services.orchestrator.server import Limits, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(EngineConfig.from_yaml(config_path, device=device, dtype=dtype))
-    asyncio.run(serve(LocalBackend(engine, max_concurrency), f"{host}:{port}", Limits()))
+    backend = LocalBackend(engine, max_concurrency, local_admission(engine.config.serving))
+    asyncio.run(serve(backend, f"{host}:{port}", Limits()))
     return 0

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.sampling import SamplingParams
+from services.orchestrator.admission import ResourceExhausted
 from services.orchestrator.backend import AlreadyExists, Backend, Job, Spec
 from services.orchestrator.detok import TextStream
 from services.orchestrator.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
@@ -78,6 +79,8 @@ class DlmServicer(rpc.DlmServiceServicer):
             return await self.backend.open(to_spec(request, self.limits, deadline))
         except AlreadyExists as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except ResourceExhausted as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 

@@ -93,15 +93,31 @@ def test_concurrent_streams_batch_on_the_drafter(service):
 
 def test_cancelled_stream_leaves_no_state(service):
     client, app, _ = service
-    stream = client.stream(PROMPT, strategy="pipeline", params={"window": 4}, max_new_tokens=400)
+    stream = client.stream(PROMPT, strategy="pipeline", params={"window": 4}, max_new_tokens=400, request_id="gone")
     next(stream)  # decoding has started
+    assert "gone" in app.live.remote().result()["drafter"]
     stream.close()  # cancels the call
     deadline = time.monotonic() + 1.0
     while True:
         live = app.live.remote().result()
-        if not live["orchestrator"] and not any(live[role] for role in ("drafter", "guider", "ar")):
+        holders = [live[role] for role in ("drafter", "guider", "ar")]
+        if not live["orchestrator"] and not any(holders) and not [k for k in live["index"] if "gone" in k]:
             break
         assert time.monotonic() < deadline, f"state left after cancellation: {live}"
+        time.sleep(0.05)
+
+
+def test_index_tracks_a_live_request_and_forgets_it(service):
+    client, app, _ = service
+    stream = client.stream(
+        PROMPT, strategy="slot", params={"slot_size": 4, "block_size": 8}, max_new_tokens=64, request_id="tracked"
+    )
+    next(stream)
+    assert [k for k in app.live.remote().result()["index"] if "tracked" in k]
+    list(stream)  # runs to completion
+    deadline = time.monotonic() + 1.0
+    while [k for k in app.live.remote().result()["index"] if "tracked" in k]:
+        assert time.monotonic() < deadline, "index keys left after completion"
         time.sleep(0.05)
 
 
