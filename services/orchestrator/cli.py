@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.sampling import SamplingParams
+from services.common.tasks import FAMILIES
 from services.orchestrator.strategies import STRATEGIES
 
 
@@ -89,6 +90,35 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from services.orchestrator.evaluate import evaluate
+
+    engine = engine_from(args)
+    params = parse_sets(args.set)
+    if args.model:
+        params.setdefault(*model_param(args.strategy or engine.config.strategy, args.model))
+    families = tuple(args.families.split(",")) if args.families else FAMILIES
+    report = evaluate(engine, args.strategy, params, args.suite, args.n, args.seed, families)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for family, acc in report["accuracy"].items():
+            print(f"{family:<8} {acc:6.1%}")
+        stats = report["stats"]
+        print(
+            f"overall  {report['overall_accuracy']:6.1%}  nll {report['nll']:.3f}  TPF {stats['tpf']:.2f}  "
+            f"p_cache {stats['p_cache']:.3f}  {stats['tokens_per_s']:.1f} tok/s"
+        )
+    return 0
+
+
+def model_param(strategy: str, model: str) -> tuple[str, str]:
+    """--model picks the AR model of `ar`, or the drafter family of the other strategies."""
+    if strategy == "ar":
+        return "model", model
+    return "drafter", "bidirectional" if model in ("drafter_bidirectional", "bidirectional") else "causal"
+
+
 def cmd_serve(args) -> int:
     if args.local:
         from services.orchestrator.remote_cli import serve_local
@@ -126,6 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--concurrency", default="1,4,16", help="with --target: concurrent streams per level")
     ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --target")
     ben.set_defaults(func=cmd_bench)
+
+    ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")
+    ev.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
+    ev.add_argument("--model", default=None, help="ar: ar|guider|drafter; others: drafter|drafter_bidirectional")
+    ev.add_argument("--suite", default="tasks", choices=("tasks", "code"))
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter")
+    ev.add_argument("--n", type=int, default=20, help="held-out items per family")
+    ev.add_argument("--families", default=None, help="comma-separated subset of count,copy,reverse,sort,add,code")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.set_defaults(func=cmd_eval)
 
     srv = sub.add_parser("serve", help="deploy drafter, guider and filter on Ray Serve behind the gRPC orchestrator")
     srv.add_argument("--host", default="127.0.0.1")

@@ -1,0 +1,27 @@
+import json
+import math
+
+from services.orchestrator.cli import main
+from services.orchestrator.evaluate import evaluate
+from tests.orchestrator.test_cli import write_config
+
+
+def test_evaluate_reports_accuracy_nll_and_stats(engine):
+    report = evaluate(engine, "streaming", {"window": 6}, "tasks", n=1, families=("count", "add"))
+    assert set(report["accuracy"]) == {"count", "add"}
+    assert all(0 <= v <= 1 for v in report["accuracy"].values())
+    assert math.isfinite(report["nll"]) and report["nll"] > 0
+    assert {"tpf", "p_cache", "tokens_per_s"} <= set(report["stats"])
+
+
+def test_code_suite_is_open_ended(engine):
+    report = evaluate(engine, "ar", {"model": "guider"}, "code", n=1)
+    assert report["accuracy"] == {} and math.isfinite(report["nll"])
+
+
+def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
+    config = write_config(tmp_path, tiny_zoo)
+    args = ["--config", config, "eval", "--strategy", "ar", "--model", "guider", "--n", "1", "--json"]
+    assert main([*args, "--families", "sort"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"accuracy", "overall_accuracy", "nll", "stats"} and set(out["accuracy"]) == {"sort"}
