@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.common.pickling import CompactPickle
 from services.common.sampling import SamplingParams, choose
 
 
@@ -14,16 +15,16 @@ class Region:
 
 
 @dataclass(slots=True)
-class Proposal:
+class Proposal(CompactPickle):
     positions: torch.Tensor  # [N] generation positions that were masked
     ids: torch.Tensor  # [N] chosen tokens
     probs: torch.Tensor  # [N] probability of the chosen token (confidence)
     entropy: torch.Tensor  # [N]
-    logits: torch.Tensor  # [N, V]
+    logits: torch.Tensor | None  # [N, V]; None where it crossed a hop without a gate that needs it
 
 
 @dataclass(slots=True)
-class Verdict:
+class Verdict(CompactPickle):
     positions: torch.Tensor  # [M] contiguous span from the frontier
     draft: torch.Tensor  # [M] tokens that were verified
     target: torch.Tensor  # [M] verifier's argmax at each position given the drafts before it
@@ -33,7 +34,7 @@ class Verdict:
 
 
 @dataclass(slots=True)
-class Decision:
+class Decision(CompactPickle):
     positions: torch.Tensor  # [A] positions decided this round
     ids: torch.Tensor  # [A]
     fill_positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))

@@ -6,11 +6,12 @@ from typing import Any
 
 import torch
 
+from services.common.pickling import CompactPickle
 from services.common.request import Request
 
 
 @dataclass(slots=True)
-class Reply:
+class Reply(CompactPickle):
     value: Any
     counters: dict[str, int]  # stat counters the call added
     generator: torch.Generator  # the sampling RNG after the call

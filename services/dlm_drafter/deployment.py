@@ -37,9 +37,10 @@ class DrafterDeployment:
 
     @serve.batch
     async def propose(self, calls: list[tuple]) -> list[Reply]:
-        """calls: (request, region) -> Proposal, for many requests in one forward."""
+        """calls: (request, region, with logits) -> Proposal, for many requests in one forward."""
         self.batches[len(calls)] += 1
-        return run_batch(self.drafter().propose_batch, calls)
+        replies = run_batch(self.drafter().propose_batch, [call[:2] for call in calls])
+        return [without_logits(reply, call[2]) for reply, call in zip(replies, calls, strict=True)]
 
     @serve.batch
     async def forward(self, calls: list[tuple]) -> list[Reply]:
@@ -48,14 +49,16 @@ class DrafterDeployment:
         return run_batch(self.drafter().forward_batch, calls)
 
     def propose_full(self, call: tuple) -> Reply:
-        """call: (request, region, cache mode, smoothing) on the bidirectional drafter, one request at a time."""
-        req, region, cache, smoothing = call
+        """call: (request, region, cache mode, smoothing, with logits) on the bidirectional drafter, unbatched."""
+        req, region, cache, smoothing, logits = call
         if self.full is None:
             raise ValueError("no bidirectional drafter configured (models.drafter_bidirectional)")
         if req.id not in self.bidirectional:
             self.bidirectional[req.id] = BidirectionalDrafter(self.full, cache, Smoothing() if smoothing else None)
         drafter = self.bidirectional[req.id]
-        return run_batch(lambda calls: [drafter.propose(r, g) for r, g in calls], [(req, region)])[0]
+        return without_logits(
+            run_batch(lambda calls: [drafter.propose(r, g) for r, g in calls], [(req, region)])[0], logits
+        )
 
     def release(self, request_id: str) -> None:
         if self.causal is not None:
@@ -82,3 +85,10 @@ class DrafterDeployment:
         if model is None:
             raise RuntimeError("no drafter model loaded")
         torch.ones(1, device=model.device).add_(1)  # the device is usable
+
+
+def without_logits(reply: Reply, keep: bool) -> Reply:
+    """The full distribution crosses the hop only for gates that fuse it (credit decoding)."""
+    if not keep:
+        reply.value.logits = None
+    return reply

@@ -31,7 +31,8 @@ class ModelPool:
             self.loaded[role] = load_model(self.config.path(role), self.config.device, self.config.dtype, reordered)
         return self.loaded[role]
 
-    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None):
+    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None, logits: bool = False):
+        """logits: whether proposals must carry the full distribution (in process they always do)."""
         if family == "causal":
             return CausalDrafter(self.load("drafter"))
         return BidirectionalDrafter(self.load("drafter_bidirectional"), cache, smoothing)

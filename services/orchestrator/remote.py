@@ -22,11 +22,11 @@ from services.orchestrator.engine import first_role
 class RemoteCausalDrafter:
     family = "causal"
 
-    def __init__(self, handle: DeploymentHandle):
-        self.handle = handle
+    def __init__(self, handle: DeploymentHandle, logits: bool = False):
+        self.handle, self.logits = handle, logits
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        return absorb(req, self.handle.propose.remote((req, region)).result())
+        return absorb(req, self.handle.propose.remote((req, region, self.logits)).result())
 
     def forward(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None):
         return absorb(req, self.handle.forward.remote((req, ids, positions, groups)).result())
@@ -38,12 +38,13 @@ class RemoteCausalDrafter:
 class RemoteBidirectionalDrafter(RemoteCausalDrafter):
     family = "bidirectional"
 
-    def __init__(self, handle: DeploymentHandle, cache: str, smoothing: bool):
-        super().__init__(handle)
+    def __init__(self, handle: DeploymentHandle, cache: str, smoothing: bool, logits: bool):
+        super().__init__(handle, logits)
         self.cache, self.smoothing = cache, smoothing
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        return absorb(req, self.handle.propose_full.remote((req, region, self.cache, self.smoothing)).result())
+        call = (req, region, self.cache, self.smoothing, self.logits)
+        return absorb(req, self.handle.propose_full.remote(call).result())
 
 
 class RemoteGuider:
@@ -101,10 +102,10 @@ class RemoteModelPool:
             self.metadata = load_meta(self.config.path(first_role(self.config)))
         return self.metadata
 
-    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None):
+    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None, logits: bool = False):
         if family == "causal":
-            return RemoteCausalDrafter(self.handle("drafter"))
-        return RemoteBidirectionalDrafter(self.handle("drafter"), cache, smoothing is not None)
+            return RemoteCausalDrafter(self.handle("drafter"), logits)
+        return RemoteBidirectionalDrafter(self.handle("drafter"), cache, smoothing is not None, logits)
 
     def guider(self) -> RemoteGuider:
         return RemoteGuider(self.handle("guider"))

@@ -84,8 +84,8 @@ class BlockParams:
         check_positive("block_size", self.block_size)
         check_choice("cache", self.cache, CACHE_MODES)
 
-    def drafter_for(self, models):
-        return models.drafter(self.drafter, self.cache, Smoothing() if self.smoothing else None)
+    def drafter_for(self, models, logits: bool = False):
+        return models.drafter(self.drafter, self.cache, Smoothing() if self.smoothing else None, logits)
 
     def stages(self, models, gate) -> Stages:
         drafter = self.drafter_for(models)
@@ -134,7 +134,9 @@ class CreditParams(BlockParams):
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
 
     def build(self, models) -> Stages:
-        return self.stages(models, Credit(self.threshold, self.beta, self.gamma, self.alpha))
+        drafter = self.drafter_for(models, logits=True)  # credits fuse the whole distribution
+        gate = Credit(self.threshold, self.beta, self.gamma, self.alpha)
+        return Stages(drafter.propose, gate, Commit("block", self.block_size), holders=(drafter,))
 
 
 @dataclass(slots=True)
