@@ -3,15 +3,9 @@
 import time
 from dataclasses import dataclass
 
+from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
-
-PROMPTS = [
-    "count from 3 step 2 for 12:",
-    "copy: red blue green red yellow blue:",
-    "sort: 42 7 19 88 3:",
-    "add: 128 + 371 =",
-]
 
 
 @dataclass(slots=True)

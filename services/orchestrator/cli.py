@@ -6,19 +6,10 @@ import sys
 from dataclasses import asdict
 
 from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.common.params import STATS_KEYS, parse_sets
 from services.common.sampling import SamplingParams
 from services.common.tasks import FAMILIES
 from services.orchestrator.strategies import STRATEGIES
-
-
-def parse_sets(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key] = value
-    return out
 
 
 def engine_from(args):
@@ -42,19 +33,7 @@ def cmd_generate(args) -> int:
 
     result = engine.generate(args.prompt, args.strategy, params, args.max_new_tokens, sampling, on_commit=show)
     if args.json:
-        keys = (
-            "rounds",
-            "drafter_forwards",
-            "guider_forwards",
-            "filter_calls",
-            "tokens",
-            "tpf",
-            "p_cache",
-            "accepted_per_round",
-            "ttft_s",
-            "wall_s",
-        )
-        stats = {k: result.stats[k] for k in keys}
+        stats = {k: result.stats[k] for k in STATS_KEYS}
         print(
             json.dumps(
                 {

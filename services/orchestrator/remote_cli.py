@@ -9,39 +9,10 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from services.common.params import BENCH_PROMPTS as PROMPTS
+from services.common.params import STATS_KEYS, parse_sets
 from services.orchestrator.client import DlmClient
 from services.orchestrator.wire import FINISH_NAMES, pb, stats_dict
-
-# the in-process `generate --json` contract
-STATS_KEYS = (
-    "rounds",
-    "drafter_forwards",
-    "guider_forwards",
-    "filter_calls",
-    "tokens",
-    "tpf",
-    "p_cache",
-    "accepted_per_round",
-    "ttft_s",
-    "wall_s",
-)
-# bench.PROMPTS, repeated here because importing bench would load torch into a client
-PROMPTS = [
-    "count from 3 step 2 for 12:",
-    "copy: red blue green red yellow blue:",
-    "sort: 42 7 19 88 3:",
-    "add: 128 + 371 =",
-]
-
-
-def parse_sets(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key] = value
-    return out
 
 
 def rpc_error(e: grpc.RpcError) -> int:

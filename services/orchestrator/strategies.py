@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from services.common.params import parse_value
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing
 from services.orchestrator.commit import Commit
@@ -277,16 +278,6 @@ STRATEGIES: dict[str, type] = {
     "learn2pd": Learn2PDParams,
     "pipeline": PipelineParams,
 }
-
-
-def parse_value(kind: Any, raw: Any) -> Any:
-    if not isinstance(raw, str) or kind is str:
-        return raw
-    if kind is bool:
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expected true or false, got {raw!r}")
-        return raw.lower() in ("true", "1")
-    return kind(raw)
 
 
 def make_params(strategy: str, overrides: dict[str, Any] | None = None):

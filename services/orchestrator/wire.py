@@ -4,6 +4,7 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from services.common.params import parse_value
 from services.orchestrator.protogen import load
 
 pb, rpc = load()
@@ -29,17 +30,6 @@ KINDS = {
     FieldDescriptor.CPPTYPE_STRING: str,
 }
 STATS = [f.name for f in pb.Stats.DESCRIPTOR.fields]
-
-
-def parse_value(kind: type, raw: Any) -> Any:
-    """A --set string as the field's type (strategies.parse_value, kept here so that clients need no torch)."""
-    if not isinstance(raw, str) or kind is str:
-        return raw
-    if kind is bool:
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expected true or false, got {raw!r}")
-        return raw.lower() in ("true", "1")
-    return kind(raw)
 
 
 def strategy_names() -> list[str]:

@@ -1,0 +1,46 @@
+"""Torch-free pieces shared by the CLI, the gRPC client and the engine: KEY=VALUE parsing, typed values,
+the stats contract of `generate --json`, and the benchmark prompts."""
+
+from typing import Any
+
+# the `stats` object of `dlm generate --json`, in-process or over gRPC
+STATS_KEYS = (
+    "rounds",
+    "drafter_forwards",
+    "guider_forwards",
+    "filter_calls",
+    "tokens",
+    "tpf",
+    "p_cache",
+    "accepted_per_round",
+    "ttft_s",
+    "wall_s",
+)
+
+BENCH_PROMPTS = [
+    "count from 3 step 2 for 12:",
+    "copy: red blue green red yellow blue:",
+    "sort: 42 7 19 88 3:",
+    "add: 128 + 371 =",
+]
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def parse_value(kind: type, raw: Any) -> Any:
+    """A KEY=VALUE string as the parameter's type; non-strings pass through."""
+    if not isinstance(raw, str) or kind is str:
+        return raw
+    if kind is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    return kind(raw)
