@@ -5,7 +5,9 @@ import os
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
+
+from services.common import checkpoints
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -20,6 +22,7 @@ class ModelMeta:
     eos_id: int
     max_length: int
     bidirectional: bool
+    logits_shift: int = 0  # 1: the output at position i-1 predicts token i (Dream); 0: the drafters' convention
 
 
 @dataclass(slots=True)
@@ -59,15 +62,16 @@ class LoadedModel:
 def load_meta(path: str) -> ModelMeta:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory not found: {path}")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    family, config = checkpoints.load_config(path)  # native, or a foreign layout mapped onto a native config
+    tokenizer = checkpoints.load_tokenizer(path, family)
     bidirectional = getattr(config, "dlm_family", None) == "bidirectional" or not getattr(config, "is_causal", True)
     mask_id = getattr(config, "mask_token_id", None)
     if mask_id is None:
         mask_id = tokenizer.mask_token_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     max_length = int(getattr(config, "max_position_embeddings", 4096))
-    return ModelMeta(path, tokenizer, mask_id, int(eos_id), max_length, bidirectional)
+    shift = checkpoints.logits_shift(config)
+    return ModelMeta(path, tokenizer, mask_id, int(eos_id), max_length, bidirectional, shift)
 
 
 def attention_backend(device: str, reordered: bool) -> str:
@@ -81,12 +85,7 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     meta = load_meta(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        local_files_only=True,
-        dtype=DTYPES[dtype],
-        attn_implementation=attention_backend(device, reordered or meta.bidirectional),
-    )
+    model = checkpoints.load_causal_lm(path, DTYPES[dtype], attention_backend(device, reordered or meta.bidirectional))
     if meta.bidirectional:
         make_bidirectional(model)
     model.to(device).eval()

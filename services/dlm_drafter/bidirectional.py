@@ -7,6 +7,8 @@ Cache modes, refreshed at each new block:
   freecache  FlashDLM FreeCache (003 §3.2.1): the window [block, suffix] is recomputed over frozen earlier blocks;
              a finished block freezes with the KV of the first forward in which it was fully unmasked
 Iteration smoothing (001 A.1) mixes the last forward's expected embedding into masked inputs of the block.
+A model with logits_shift s (Dream: 1) predicts position i from its output at i - s: every recomputed window then
+starts s positions before the block, and the cache keeps the physical prefix before that cut.
 """
 
 from dataclasses import dataclass
@@ -53,6 +55,7 @@ class BidirectionalDrafter:
         self.loaded = loaded
         self.model = loaded.model
         self.cache_mode = cache
+        self.shift = loaded.meta.logits_shift
         self.smoothing = smoothing
         self.caches: dict[str, BlockCache] = {}
 
@@ -76,7 +79,8 @@ class BidirectionalDrafter:
         req.stats.drafter_tokens_processed += hi - lo - (P if not state.prefilled else 0)
         state.prefilled = True
         self.keep(state, region, P, past)
-        logits = out.logits[0, P + region.start - lo : P + region.end - lo].float()  # [block, V]
+        first = P + region.start - self.shift - lo  # the output predicting the block's first position
+        logits = out.logits[0, first : first + region.end - region.start].float()  # [block, V]
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1)
         if self.smoothing:
             state.last_probs = torch.softmax(logits, -1)
@@ -93,22 +97,22 @@ class BidirectionalDrafter:
         if self.cache_mode == "none" or state.kv.get_seq_length() == 0:
             return 0, P + end
         if self.cache_mode == "dual":
-            return P + region.start, P + region.end
+            return P + region.start - self.shift, P + region.end
         if self.cache_mode == "prefix":
-            return P + region.start, P + end
-        return P + state.frozen, P + end
+            return P + region.start - self.shift, P + end
+        return P + state.frozen - self.shift, P + end
 
     def keep(self, state: BlockCache, region: Region, P: int, past: int) -> None:
         if self.cache_mode == "none":
             truncate(state.kv, 0)
         elif self.cache_mode == "dual":
             if past == 0:  # keep prefix and suffix of the full forward; order is free under full attention
-                drop_range(state.kv, P + region.start, P + region.end)
+                drop_range(state.kv, P + region.start - self.shift, P + region.end)
             else:
                 truncate(state.kv, past)
         else:
             state.frozen = region.start
-            truncate(state.kv, P + region.start)
+            truncate(state.kv, P + region.start - self.shift)
 
     def embed(self, req: Request, state: BlockCache, seq: torch.Tensor, region: Region, lo: int, hi: int):
         embeds = self.model.get_input_embeddings()(seq[lo:hi].to(self.model.device))

@@ -30,6 +30,8 @@ class CausalDrafter:
     def __init__(self, loaded: LoadedModel):
         if loaded.mask_id is None:
             raise ValueError(f"drafter {loaded.path} has no mask token (config.mask_token_id)")
+        if loaded.meta.logits_shift or loaded.bidirectional:
+            raise ValueError(f"drafter {loaded.path} is not a causal DLM (bidirectional or shifted logits)")
         self.loaded = loaded
         self.model = loaded.model
         self.caches: dict[str, CausalCache] = {}
