@@ -8,7 +8,7 @@ from ray import serve
 from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig
 from services.common.models import load_model
-from services.common.remote_call import Reply, run_batch
+from services.common.remote_call import Reply, run_groups
 
 
 @serve.deployment(name="guider")
@@ -26,20 +26,20 @@ class GuiderDeployment:
             method.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     @serve.batch
-    async def verify(self, calls: list[tuple]) -> list[Reply]:
-        """calls: (request, start, draft, top_k) -> Verdict, many requests in one forward."""
-        self.batches[len(calls)] += 1
-        top_k = max(call[3] for call in calls)
-        replies = run_batch(lambda cs: self.guider.verify_batch([c[:3] for c in cs], top_k), calls)
-        for reply, call in zip(replies, calls, strict=True):
+    async def verify(self, groups: list[list[tuple]]) -> list[list[Reply]]:
+        """Lists of (request, start, draft, top_k) -> Verdict, all in one forward."""
+        self.batches[sum(map(len, groups))] += 1
+        top_k = max(call[3] for group in groups for call in group)
+        replies = run_groups(lambda calls: self.guider.verify_batch([c[:3] for c in calls], top_k), groups)
+        for reply, call in zip(sum(replies, []), sum(groups, []), strict=True):
             reply.value.topk = reply.value.topk[:, : call[3]]
         return replies
 
     @serve.batch
-    async def forward(self, calls: list[tuple]) -> list[Reply]:
-        """calls: (request, start, draft) -> logits [M + 1, V]; AR decoding asks with an empty draft."""
-        self.batches[len(calls)] += 1
-        return run_batch(self.guider.forward_batch, calls)
+    async def forward(self, groups: list[list[tuple]]) -> list[list[Reply]]:
+        """Lists of (request, start, draft) -> logits [M + 1, V]; AR decoding asks with an empty draft."""
+        self.batches[sum(map(len, groups))] += 1
+        return run_groups(self.guider.forward_batch, groups)
 
     def release(self, request_id: str) -> None:
         self.guider.release(request_id)

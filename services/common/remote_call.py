@@ -32,3 +32,17 @@ def absorb(req: Request, reply: Reply) -> Any:
     req.stats.add(reply.counters)
     req.generator = reply.generator
     return reply.value
+
+
+def regroup(flat: list, groups: list[list]) -> list[list]:
+    """Cut a flat list of results back into the callers' groups."""
+    out, start = [], 0
+    for group in groups:
+        out.append(flat[start : start + len(group)])
+        start += len(group)
+    return out
+
+
+def run_groups(fn: Callable[[list[tuple]], list], groups: list[list[tuple]]) -> list[list[Reply]]:
+    """Replica side of @serve.batch over client-side batches: every caller's list in one call of fn."""
+    return regroup(run_batch(fn, [call for group in groups for call in group]), groups)

@@ -7,7 +7,7 @@ from ray import serve
 
 from services.common.config import EngineConfig
 from services.common.models import load_model
-from services.common.remote_call import Reply, run_batch
+from services.common.remote_call import Reply, run_batch, run_groups
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
 from services.dlm_drafter.causal import CausalDrafter
 
@@ -36,17 +36,19 @@ class DrafterDeployment:
         return self.causal
 
     @serve.batch
-    async def propose(self, calls: list[tuple]) -> list[Reply]:
-        """calls: (request, region, with logits) -> Proposal, for many requests in one forward."""
-        self.batches[len(calls)] += 1
-        replies = run_batch(self.drafter().propose_batch, [call[:2] for call in calls])
-        return [without_logits(reply, call[2]) for reply, call in zip(replies, calls, strict=True)]
+    async def propose(self, groups: list[list[tuple]]) -> list[list[Reply]]:
+        """Each caller sends a list of (request, region, with logits) -> Proposal; all in one forward."""
+        self.batches[sum(map(len, groups))] += 1
+        replies = run_groups(lambda calls: self.drafter().propose_batch([c[:2] for c in calls]), groups)
+        return [
+            [without_logits(r, c[2]) for r, c in zip(rs, g, strict=True)] for rs, g in zip(replies, groups, strict=True)
+        ]
 
     @serve.batch
-    async def forward(self, calls: list[tuple]) -> list[Reply]:
-        """calls: (request, ids, positions, groups) -> logits; the slot strategy's verification and completion."""
-        self.batches[len(calls)] += 1
-        return run_batch(self.drafter().forward_batch, calls)
+    async def forward(self, groups: list[list[tuple]]) -> list[list[Reply]]:
+        """Lists of (request, ids, positions, groups) -> logits: the slot strategy's verification and completion."""
+        self.batches[sum(map(len, groups))] += 1
+        return run_groups(self.drafter().forward_batch, groups)
 
     def propose_full(self, call: tuple) -> Reply:
         """call: (request, region, cache mode, smoothing, with logits) on the bidirectional drafter, unbatched."""

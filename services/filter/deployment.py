@@ -4,6 +4,7 @@ import torch
 from ray import serve
 
 from services.common.config import EngineConfig
+from services.common.remote_call import regroup
 from services.filter.model import Learn2PDFilter
 
 
@@ -18,8 +19,8 @@ class FilterDeployment:
         return {"block_size": self.model.config.block_size, "threshold": self.model.config.threshold}
 
     @serve.batch
-    async def accept_probs(self, confidences: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self.model.accept_probs_batch(confidences)
+    async def accept_probs(self, groups: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        return regroup(self.model.accept_probs_batch([conf for group in groups for conf in group]), groups)
 
     def check_health(self) -> None:
         self.model(torch.zeros(1, self.model.config.block_size))

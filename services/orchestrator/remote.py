@@ -16,20 +16,22 @@ from services.common.remote_call import absorb
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import Smoothing
 from services.filter.model import FilterConfig
+from services.orchestrator.batcher import Batcher
 from services.orchestrator.engine import first_role
 
 
 class RemoteCausalDrafter:
     family = "causal"
 
-    def __init__(self, handle: DeploymentHandle, logits: bool = False):
-        self.handle, self.logits = handle, logits
+    def __init__(self, pool: "RemoteModelPool", logits: bool = False):
+        self.handle, self.logits = pool.handle("drafter"), logits
+        self.proposing, self.forwarding = pool.batcher("drafter", "propose"), pool.batcher("drafter", "forward")
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        return absorb(req, self.handle.propose.remote((req, region, self.logits)).result())
+        return absorb(req, self.proposing((req, region, self.logits)))
 
     def forward(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None):
-        return absorb(req, self.handle.forward.remote((req, ids, positions, groups)).result())
+        return absorb(req, self.forwarding((req, ids, positions, groups)))
 
     def release(self, request_id: str) -> None:
         self.handle.release.remote(request_id).result()
@@ -38,8 +40,8 @@ class RemoteCausalDrafter:
 class RemoteBidirectionalDrafter(RemoteCausalDrafter):
     family = "bidirectional"
 
-    def __init__(self, handle: DeploymentHandle, cache: str, smoothing: bool, logits: bool):
-        super().__init__(handle, logits)
+    def __init__(self, pool: "RemoteModelPool", cache: str, smoothing: bool, logits: bool):
+        super().__init__(pool, logits)
         self.cache, self.smoothing = cache, smoothing
 
     def propose(self, req: Request, region: Region) -> Proposal:
@@ -48,26 +50,24 @@ class RemoteBidirectionalDrafter(RemoteCausalDrafter):
 
 
 class RemoteGuider:
-    def __init__(self, handle: DeploymentHandle):
-        self.handle = handle
+    def __init__(self, pool: "RemoteModelPool", role: str):
+        self.handle = pool.handle(role)
+        self.verifying, self.forwarding = pool.batcher(role, "verify"), pool.batcher(role, "forward")
 
     def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
-        return absorb(req, self.handle.verify.remote((req, start, draft, top_k)).result())
+        return absorb(req, self.verifying((req, start, draft, top_k)))
 
     def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
-        return absorb(req, self.handle.forward.remote((req, start, draft)).result())
+        return absorb(req, self.forwarding((req, start, draft)))
 
     def release(self, request_id: str) -> None:
         self.handle.release.remote(request_id).result()
 
 
 class RemoteFilter:
-    def __init__(self, handle: DeploymentHandle):
-        self.handle = handle
-        self.config = FilterConfig(**handle.filter_config.remote().result())
-
-    def accept_probs(self, confidence: torch.Tensor) -> torch.Tensor:
-        return self.handle.accept_probs.remote(confidence).result()
+    def __init__(self, pool: "RemoteModelPool"):
+        self.config = FilterConfig(**pool.handle("filter").filter_config.remote().result())
+        self.accept_probs = pool.batcher("filter", "accept_probs")
 
 
 class RemoteModelPool:
@@ -77,6 +77,15 @@ class RemoteModelPool:
         self.config, self.handles = config, handles
         self.metadata: ModelMeta | None = None
         self.remote_filter: RemoteFilter | None = None
+        self.batchers: dict[tuple[str, str], Batcher] = {}
+
+    def batcher(self, role: str, method: str) -> Batcher:
+        """One client-side batcher per deployment method, shared by every request."""
+        if (role, method) not in self.batchers:
+            remote = getattr(self.handle(role), method)
+            send = lambda items: remote.remote(items).result()  # noqa: E731
+            self.batchers[role, method] = Batcher(send, self.config.serving.batch_wait_timeout_s)
+        return self.batchers[role, method]
 
     def handle(self, role: str) -> DeploymentHandle:
         if role not in self.handles:
@@ -104,20 +113,20 @@ class RemoteModelPool:
 
     def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None, logits: bool = False):
         if family == "causal":
-            return RemoteCausalDrafter(self.handle("drafter"), logits)
-        return RemoteBidirectionalDrafter(self.handle("drafter"), cache, smoothing is not None, logits)
+            return RemoteCausalDrafter(self, logits)
+        return RemoteBidirectionalDrafter(self, cache, smoothing is not None, logits)
 
     def guider(self) -> RemoteGuider:
-        return RemoteGuider(self.handle("guider"))
+        return RemoteGuider(self, "guider")
 
     def autoregressive(self, role: str) -> RemoteGuider:
         if role == "drafter":
             raise ValueError("model 'drafter' decodes AR only in-process; the services serve model=ar or guider")
-        return RemoteGuider(self.handle(role))
+        return RemoteGuider(self, role)
 
     def filter(self) -> RemoteFilter:
         if self.remote_filter is None:
-            self.remote_filter = RemoteFilter(self.handle("filter"))
+            self.remote_filter = RemoteFilter(self)
         return self.remote_filter
 
     def held(self) -> dict[str, dict[str, int]]:
