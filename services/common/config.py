@@ -15,7 +15,8 @@ class ServingConfig:
     port: int = 50051
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_batch_size: int = 16
-    batch_wait_timeout_s: float = 0.002
+    batch_wait_timeout_s: float = 0.002  # @serve.batch on the replicas
+    gang_wait_s: float = 0.01  # the orchestrator's batch of a stage waits at most this for requests doing local work
     max_concurrency: int = 64  # requests decoding at once in the orchestrator
     redis_url: str | None = None  # None: the embedded cache index
     kv_budget_tokens: int = 65536  # per drafter / guider replica

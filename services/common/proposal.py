@@ -31,6 +31,7 @@ class Verdict(CompactPickle):
     topk: torch.Tensor  # [M, K] verifier's top-k ids
     draft_probs: torch.Tensor  # [M] verifier's probability of each draft token
     target_probs: torch.Tensor  # [M] verifier's probability of its argmax
+    filter_scores: torch.Tensor | None = None  # [N] Learn2PD scores of the proposal, fetched alongside
 
 
 @dataclass(slots=True)

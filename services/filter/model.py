@@ -49,7 +49,8 @@ class Learn2PDFilter(nn.Module):
         scores = torch.sigmoid(self(padded))
         return [scores[row, : len(conf)] for row, conf in enumerate(confidences)]
 
-    def accept_probs(self, confidence: torch.Tensor) -> torch.Tensor:
+    def accept_probs(self, confidence: torch.Tensor, request_id: str = "") -> torch.Tensor:
+        """One block's scores; request_id lets a remote filter batch concurrent requests."""
         return self.accept_probs_batch([confidence])[0]
 
     def save(self, path: str) -> None:

@@ -1,44 +1,69 @@
 """Client-side batching of remote stage calls: the calls that concurrent requests make to one deployment method
 collapse into one Serve call carrying a list. Ray routes each call on one thread, so routing N calls per round costs
-more than the forward they feed; one routed call per round does not grow with the number of requests.
+more than the forward they feed; one routed call per stage per round does not grow with the number of requests.
 
-Leader/follower: the first caller of a cycle waits until as many calls as the last batch had have joined (or
-max_wait_s passed), then sends them all; the others wait for their share. One request alone never waits.
+When to send: the requests decode on their own threads and drift out of phase, so a batch waits until every live
+request is blocked in some remote call (no further call can arrive before one returns) or max_wait_s passes.
+A request alone never waits.
 """
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 
+class Gang:
+    """The live requests of an orchestrator and how many of them wait on a remote call."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.live: set[str] = set()
+        self.blocked: Counter[str] = Counter()  # request id -> its calls in flight (overlapped stages make two)
+
+    def all_blocked(self) -> bool:
+        return len(self.blocked) >= len(self.live)
+
+    def leave(self, request_id: str) -> None:
+        with self.cond:
+            self.live.discard(request_id)
+            self.cond.notify_all()
+
+
 class Batcher:
-    def __init__(self, send: Callable[[list], list], max_wait_s: float = 0.002):
-        self.send, self.max_wait_s = send, max_wait_s
-        self.lock = threading.Condition()
+    def __init__(self, send: Callable[[list], list], gang: Gang, max_wait_s: float = 0.01):
+        self.send, self.gang, self.max_wait_s = send, gang, max_wait_s
         self.pending: list[tuple[Any, Future]] = []
         self.leading = False
-        self.expected = 1  # size of the last batch: how many calls a round of the live requests makes
 
-    def __call__(self, item: Any) -> Any:
+    def __call__(self, request_id: str, item: Any) -> Any:
         future: Future = Future()
-        with self.lock:
+        gang = self.gang
+        with gang.cond:
+            gang.live.add(request_id)
+            gang.blocked[request_id] += 1
             self.pending.append((item, future))
-            self.lock.notify_all()
+            gang.cond.notify_all()
             lead = not self.leading
-            self.leading = self.leading or lead
-        if lead:
-            self.flush()
-        return future.result()
+            self.leading = True
+        try:
+            if lead:
+                self.flush()
+            return future.result()
+        finally:
+            with gang.cond:
+                gang.blocked[request_id] -= 1
+                if not gang.blocked[request_id]:
+                    del gang.blocked[request_id]
 
     def flush(self) -> None:
         deadline = time.monotonic() + self.max_wait_s
-        with self.lock:
-            while len(self.pending) < self.expected and (left := deadline - time.monotonic()) > 0:
-                self.lock.wait(left)
+        with self.gang.cond:
+            while not self.gang.all_blocked() and (left := deadline - time.monotonic()) > 0:
+                self.gang.cond.wait(left)
             batch, self.pending, self.leading = self.pending, [], False
-            self.expected = len(batch)
         try:
             results = self.send([item for item, _ in batch])
         except BaseException as e:  # every caller of the batch sees the failure

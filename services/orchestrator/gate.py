@@ -123,7 +123,7 @@ class FilterGate:
         confidence = torch.ones(region.end - region.start)
         confidence[proposal.positions - region.start] = proposal.probs
         req.stats.filter_calls += 1
-        return self.model.accept_probs(confidence)[proposal.positions - region.start]
+        return self.model.accept_probs(confidence, req.id)[proposal.positions - region.start]
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
         score = self.scores(req, region, proposal)
@@ -134,10 +134,11 @@ class GuiderAgreement:
     """FlashDLM guided unmasking (003 Alg. 1, C.4): the longest prefix where the draft is the guider's choice (or, with
     top_k_match > 1, in its top-k with drafter probability > guidance_threshold * guider max probability) is decided;
     with none, the guider's own token. bonus_token also decides the guider's token at the first disagreement.
-    A filter, when given, keeps confident drafts past the agreement as tentative context for the next round."""
+    With the filter's scores in the verdict, drafts past the agreement that clear keep_threshold stay as tentative
+    context for the next round."""
 
-    def __init__(self, top_k_match: int, guidance_threshold: float, bonus_token: bool, keep: FilterGate | None = None):
-        self.k, self.tau, self.bonus, self.keep = top_k_match, guidance_threshold, bonus_token, keep
+    def __init__(self, top_k_match: int, guidance_threshold: float, bonus_token: bool, keep_threshold: float = 1.0):
+        self.k, self.tau, self.bonus, self.keep = top_k_match, guidance_threshold, bonus_token, keep_threshold
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
         drafter_probs = torch.ones(len(verdict.positions))
@@ -151,10 +152,7 @@ class GuiderAgreement:
         if n < len(match) and (n == 0 or self.bonus):
             ids, n = torch.cat([ids, verdict.target[n : n + 1]]), n + 1
         decision = Decision(verdict.positions[:n], ids)
-        if self.keep is not None:
-            later = proposal.positions > verdict.positions[n - 1]
-            if later.any():
-                score = self.keep.scores(req, region, proposal)
-                kept = later & (score > self.keep.threshold)
-                decision.fill_positions, decision.fill_ids = proposal.positions[kept], proposal.ids[kept]
+        if verdict.filter_scores is not None:
+            kept = (proposal.positions > verdict.positions[n - 1]) & (verdict.filter_scores > self.keep)
+            decision.fill_positions, decision.fill_ids = proposal.positions[kept], proposal.ids[kept]
         return decision

@@ -16,7 +16,7 @@ from services.common.remote_call import absorb
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import Smoothing
 from services.filter.model import FilterConfig
-from services.orchestrator.batcher import Batcher
+from services.orchestrator.batcher import Batcher, Gang
 from services.orchestrator.engine import first_role
 
 
@@ -24,16 +24,17 @@ class RemoteCausalDrafter:
     family = "causal"
 
     def __init__(self, pool: "RemoteModelPool", logits: bool = False):
-        self.handle, self.logits = pool.handle("drafter"), logits
+        self.handle, self.logits, self.gang = pool.handle("drafter"), logits, pool.gang
         self.proposing, self.forwarding = pool.batcher("drafter", "propose"), pool.batcher("drafter", "forward")
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        return absorb(req, self.proposing((req, region, self.logits)))
+        return absorb(req, self.proposing(req.id, (req, region, self.logits)))
 
     def forward(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None):
-        return absorb(req, self.forwarding((req, ids, positions, groups)))
+        return absorb(req, self.forwarding(req.id, (req, ids, positions, groups)))
 
     def release(self, request_id: str) -> None:
+        self.gang.leave(request_id)
         self.handle.release.remote(request_id).result()
 
 
@@ -51,23 +52,27 @@ class RemoteBidirectionalDrafter(RemoteCausalDrafter):
 
 class RemoteGuider:
     def __init__(self, pool: "RemoteModelPool", role: str):
-        self.handle = pool.handle(role)
+        self.handle, self.gang = pool.handle(role), pool.gang
         self.verifying, self.forwarding = pool.batcher(role, "verify"), pool.batcher(role, "forward")
 
     def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
-        return absorb(req, self.verifying((req, start, draft, top_k)))
+        return absorb(req, self.verifying(req.id, (req, start, draft, top_k)))
 
     def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
-        return absorb(req, self.forwarding((req, start, draft)))
+        return absorb(req, self.forwarding(req.id, (req, start, draft)))
 
     def release(self, request_id: str) -> None:
+        self.gang.leave(request_id)
         self.handle.release.remote(request_id).result()
 
 
 class RemoteFilter:
     def __init__(self, pool: "RemoteModelPool"):
         self.config = FilterConfig(**pool.handle("filter").filter_config.remote().result())
-        self.accept_probs = pool.batcher("filter", "accept_probs")
+        self.scoring = pool.batcher("filter", "accept_probs")
+
+    def accept_probs(self, confidence: torch.Tensor, request_id: str) -> torch.Tensor:
+        return self.scoring(request_id, confidence)
 
 
 class RemoteModelPool:
@@ -78,13 +83,14 @@ class RemoteModelPool:
         self.metadata: ModelMeta | None = None
         self.remote_filter: RemoteFilter | None = None
         self.batchers: dict[tuple[str, str], Batcher] = {}
+        self.gang = Gang()
 
     def batcher(self, role: str, method: str) -> Batcher:
         """One client-side batcher per deployment method, shared by every request."""
         if (role, method) not in self.batchers:
             remote = getattr(self.handle(role), method)
             send = lambda items: remote.remote(items).result()  # noqa: E731
-            self.batchers[role, method] = Batcher(send, self.config.serving.batch_wait_timeout_s)
+            self.batchers[role, method] = Batcher(send, self.gang, self.config.serving.gang_wait_s)
         return self.batchers[role, method]
 
     def handle(self, role: str) -> DeploymentHandle:

@@ -254,16 +254,9 @@ class PipelineParams:
         drafter, guider, filt = models.drafter("causal"), models.guider(), models.filter()
         if self.window > filt.config.block_size:
             raise ValueError(f"window {self.window} exceeds the filter's block of {filt.config.block_size}")
-        gate = GuiderAgreement(
-            self.top_k_match, self.guidance_threshold, self.bonus_token, FilterGate(filt, self.filter_threshold)
-        )
-        return Stages(
-            drafter.propose,
-            gate,
-            Commit("window", self.window),
-            GuiderVerify(guider, self.top_k_match),
-            holders=(drafter, guider),
-        )
+        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
+        verify = GuiderVerify(guider, self.top_k_match, FilterGate(filt, self.filter_threshold))
+        return Stages(drafter.propose, gate, Commit("window", self.window), verify, holders=(drafter, guider))
 
 
 STRATEGIES: dict[str, type] = {
