@@ -10,6 +10,7 @@ from services.common.params import STATS_KEYS, parse_sets
 from services.common.sampling import SamplingParams
 from services.common.tasks import FAMILIES
 from services.orchestrator.strategies import STRATEGIES
+from services.orchestrator.train_cli import register as register_training
 
 
 def engine_from(args):
@@ -146,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
+
+    register_training(sub)
 
     srv = sub.add_parser("serve", help="deploy drafter, guider and filter on Ray Serve behind the gRPC orchestrator")
     srv.add_argument("--host", default="127.0.0.1")

@@ -1,4 +1,4 @@
-"""`dlm data` and `dlm train tokenizer|ar|drafter` subcommands (wired into the dlm CLI via register)."""
+"""`dlm data` and `dlm train tokenizer|ar|drafter|filter` subcommands (wired into the dlm CLI via register)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ def register(subparsers) -> None:
     d.add_argument("--out", default="data")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_data)
-    t = subparsers.add_parser("train", help="train the tokenizer, an AR model or a drafter")
-    t.add_argument("what", choices=("tokenizer", "ar", "drafter"))
+    t = subparsers.add_parser("train", help="train the tokenizer, an AR model, a drafter or the Learn2PD filter")
+    t.add_argument("what", choices=("tokenizer", "ar", "drafter", "filter"))
     t.add_argument("--config", required=True)
     t.add_argument("--device", choices=("cpu", "cuda"), default=None)
     t.add_argument("--resume", action="store_true")
@@ -35,6 +35,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = BpeConfig(**(yaml.safe_load(Path(args.config).read_text()) or {}))
         print(json.dumps({"out": cfg.out, "special_ids": special_ids(train_from_data(cfg))}))
+        return 0
+    if args.what == "filter":
+        from services.filter.train import FilterTrainConfig, train
+
+        report = train(FilterTrainConfig.from_yaml(args.config, device=args.device))
+        print(json.dumps({k: v for k, v in report.items() if k != "config"}))
         return 0
     from services.common.train_loop import TrainConfig
 
