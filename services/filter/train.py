@@ -148,4 +148,32 @@ def train(cfg: FilterTrainConfig, engine: Engine | None = None) -> dict:
     report.update(config=asdict(cfg), wall_s=time.perf_counter() - start)
     with open(os.path.join(cfg.out, "train_summary.json"), "w") as f:
         json.dump(report, f, indent=2)
+    with open(os.path.join(cfg.out, "README.md"), "w") as f:
+        f.write(card(report, cfg))
     return report
+
+
+def card(report: dict, cfg: FilterTrainConfig) -> str:
+    val, train = report["val"], report["train"]
+    return f"""# filter
+
+Learn2PD filter (004 §3.2): a 2-layer MLP ({cfg.block_size} -> {cfg.hidden_size} -> {cfg.block_size}) from a block's
+confidences (decided positions count as 1.0) to per-position accept logits; accept when sigmoid > {cfg.threshold}.
+
+## Training
+- trajectories: Extremely Greedy Parallel (004 §3.1.3) on `{cfg.drafter}`, reference = its own `mdm` decode
+  (block {cfg.block_size}, one token per step), {cfg.prompts_per_family} train prompts per family of
+  {", ".join(cfg.families)}; {report["rows"]["train"]} train / {report["rows"]["val"]} validation steps;
+  {report["positive_rate"]:.1%} of masked positions were already right
+- BCE on masked positions, Adam lr {cfg.lr}, {cfg.epochs} full-batch epochs, seed {cfg.seed}; wall {report["wall_s"]:.0f} s
+
+## Results
+| split | BCE | precision | recall |
+|---|---|---|---|
+| train | {train["bce"]:.3f} | {train["precision"]:.3f} | {train["recall"]:.3f} |
+| validation | {val["bce"]:.3f} | {val["precision"]:.3f} | {val["recall"]:.3f} |
+
+Initial train BCE {report["initial_train_bce"]:.3f}. Precision and recall are of accept decisions at the threshold.
+
+Rebuild: `dlm train filter --config configs/train/filter.yaml`
+"""

@@ -1,0 +1,49 @@
+"""The shipped model zoo: every model loads through the engine's model layer and decodes; cards and sizes hold."""
+
+import os
+
+import pytest
+
+from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.orchestrator.engine import Engine
+from services.orchestrator.strategies import STRATEGIES
+
+CONFIG = EngineConfig.from_yaml(DEFAULT_CONFIG, max_new_tokens=24)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(os.path.isdir(p) for p in CONFIG.models.values()), reason="the model zoo is not shipped in this tree"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def zoo_engine() -> Engine:
+    return Engine(CONFIG)
+
+
+@pytest.mark.parametrize("role", sorted(CONFIG.models))
+def test_each_model_is_small_and_has_a_card(role):
+    path = CONFIG.models[role]
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    assert size <= 25 * 2**20, f"{role}: {size / 2**20:.1f} MiB"
+    assert os.path.isfile(os.path.join(path, "README.md"))
+
+
+def test_special_tokens_are_shared(zoo_engine):
+    metas = {role: zoo_engine.models.load(role).meta for role in CONFIG.models if role != "filter"}
+    assert len({(m.mask_id, m.eos_id) for m in metas.values()}) == 1
+    assert zoo_engine.tokenizer.convert_ids_to_tokens(metas["drafter"].mask_id) == "<|mask|>"
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_decodes_on_the_zoo(zoo_engine, strategy):
+    result = zoo_engine.generate("count from 3 step 2 for 12:", strategy)
+    assert result.token_ids and result.finish_reason in ("eos", "length")
+
+
+def test_guided_top1_is_lossless_on_the_zoo(zoo_engine):
+    for prompt in ("sort: 42 7 19 88 3:", "copy: red blue green red yellow blue:"):
+        reference = zoo_engine.generate(prompt, "ar", {"model": "guider"})
+        assert zoo_engine.generate(prompt, "guided", {"top_k_match": 1}).token_ids == reference.token_ids
+        assert zoo_engine.generate(prompt, "pipeline", {"top_k_match": 1}).token_ids == reference.token_ids
