@@ -165,7 +165,8 @@ confidences (decided positions count as 1.0) to per-position accept logits; acce
   (block {cfg.block_size}, one token per step), {cfg.prompts_per_family} train prompts per family of
   {", ".join(cfg.families)}; {report["rows"]["train"]} train / {report["rows"]["val"]} validation steps;
   {report["positive_rate"]:.1%} of masked positions were already right
-- BCE on masked positions, Adam lr {cfg.lr}, {cfg.epochs} full-batch epochs, seed {cfg.seed}; wall {report["wall_s"]:.0f} s
+- BCE on masked positions, Adam lr {cfg.lr}, {cfg.epochs} full-batch epochs, seed {cfg.seed}
+- wall time {report["wall_s"]:.0f} s
 
 ## Results
 | split | BCE | precision | recall |
