@@ -41,7 +41,9 @@ def evaluate(
     seed: int = 0,
     families: tuple[str, ...] = tasks.FAMILIES,
     max_new_tokens: int = 160,
+    nll: bool = True,
 ) -> dict:
+    """nll: score the outputs with the guider (needs models.guider)."""
     correct: dict[str, list[bool]] = {}
     nll_sum, nll_tokens, tokens, rounds, drafted, wall = 0.0, 0, 0, 0, 0, 0.0
     for family, prompt, task in items(suite, n, seed, families):
@@ -57,8 +59,9 @@ def evaluate(
         out = req.output_ids()
         if task is not None:
             correct.setdefault(family, []).append(tasks.check(task, engine.decode_text(out)))
-        s, k = guider_nll(engine, req.prompt_ids, out)
-        nll_sum, nll_tokens = nll_sum + s, nll_tokens + k
+        if nll:
+            s, k = guider_nll(engine, req.prompt_ids, out)
+            nll_sum, nll_tokens = nll_sum + s, nll_tokens + k
         tokens, rounds, drafted = (
             tokens + req.stats.tokens,
             rounds + req.stats.rounds,
@@ -71,7 +74,7 @@ def evaluate(
         "n_per_family": n,
         "accuracy": accuracy,
         "overall_accuracy": sum(accuracy.values()) / len(accuracy) if accuracy else math.nan,
-        "nll": nll_sum / max(nll_tokens, 1),
+        "nll": nll_sum / nll_tokens if nll_tokens else math.nan,
         "stats": {
             "tokens": tokens,
             "rounds": rounds,
