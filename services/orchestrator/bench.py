@@ -20,6 +20,7 @@ class BenchRow:
     p_cache: float = 0.0
     speedup_vs_ar: float | None = None
     speedup_vs_mdm: float | None = None
+    ms_per_round: float = 0.0
 
 
 def run_strategy(engine: Engine, strategy: str, prompts: list[str], max_new_tokens: int, params: dict) -> BenchRow:
@@ -34,6 +35,7 @@ def run_strategy(engine: Engine, strategy: str, prompts: list[str], max_new_toke
     row.tokens_per_s = row.tokens / row.wall_s
     row.tpf = row.tokens / max(row.rounds, 1)
     row.p_cache = row.tokens / row.drafter_tokens if row.drafter_tokens else 1.0
+    row.ms_per_round = 1000 * row.wall_s / max(row.rounds, 1)
     return row
 
 
@@ -56,10 +58,11 @@ def bench(
 
 
 def table(rows: list[BenchRow]) -> str:
-    lines = [f"{'strategy':<13} {'tok/s':>8} {'TPF':>6} {'p_cache':>8} {'vs ar':>7} {'vs mdm':>7} {'tokens':>7}"]
+    head = f"{'strategy':<13} {'tok/s':>8} {'TPF':>6} {'p_cache':>8} {'vs ar':>7} {'vs mdm':>7} {'ms/rnd':>7} {'tokens':>7}"
+    lines = [head]
     for r in rows:
         lines.append(
             f"{r.strategy:<13} {r.tokens_per_s:>8.1f} {r.tpf:>6.2f} {r.p_cache:>8.3f} "
-            f"{r.speedup_vs_ar:>6.2f}x {r.speedup_vs_mdm:>6.2f}x {r.tokens:>7}"
+            f"{r.speedup_vs_ar:>6.2f}x {r.speedup_vs_mdm:>6.2f}x {r.ms_per_round:>7.1f} {r.tokens:>7}"
         )
     return "\n".join(lines)

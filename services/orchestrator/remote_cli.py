@@ -73,6 +73,8 @@ class LoadRow:
     latency_p90_s: float
     latency_p99_s: float
     ttft_mean_s: float  # client-side: request sent -> first text chunk
+    ms_per_round: float  # client-side latency over the engine's rounds: compare with in-process `dlm bench`
+    tpf: float
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -80,17 +82,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, float, int]:
-    """(latency, time to first chunk, completion tokens) of one streamed request."""
+def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, float, int, int]:
+    """(latency, time to first chunk, completion tokens, rounds) of one streamed request."""
     start = time.perf_counter()
-    first, tokens = None, 0
+    first, tokens, rounds = None, 0, 0
     for event in client.stream(prompt, **kwargs):
         if isinstance(event, pb.Chunk) and first is None:
             first = time.perf_counter() - start
         elif isinstance(event, pb.Complete):
-            tokens = event.usage.completion_tokens
+            tokens, rounds = event.usage.completion_tokens, event.stats.rounds
     latency = time.perf_counter() - start
-    return latency, first if first is not None else latency, tokens
+    return latency, first if first is not None else latency, tokens, rounds
 
 
 def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict, rounds: int = 2) -> LoadRow:
@@ -101,7 +103,7 @@ def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: 
         results = list(pool.map(lambda p: timed_stream(client, p, kwargs), work))
     wall = time.perf_counter() - start
     latencies = [r[0] for r in results]
-    tokens = sum(r[2] for r in results)
+    tokens, rounds = sum(r[2] for r in results), sum(r[3] for r in results)
     return LoadRow(
         concurrency,
         len(work),
@@ -113,15 +115,19 @@ def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: 
         percentile(latencies, 0.9),
         percentile(latencies, 0.99),
         statistics.fmean(r[1] for r in results),
+        1000 * sum(latencies) / max(rounds, 1),
+        tokens / max(rounds, 1),
     )
 
 
 def table(rows: list[LoadRow]) -> str:
-    lines = [f"{'conc':>5} {'reqs':>5} {'tok/s':>8} {'req/s':>7} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'ttft s':>7}"]
+    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF")
+    lines = [" ".join(f"{h:>7}" for h in head)]
     for r in rows:
         lines.append(
-            f"{r.concurrency:>5} {r.requests:>5} {r.tokens_per_s:>8.1f} {r.requests_per_s:>7.2f} "
-            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f}"
+            f"{r.concurrency:>7} {r.requests:>7} {r.tokens_per_s:>7.1f} {r.requests_per_s:>7.2f} "
+            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f} "
+            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f}"
         )
     return "\n".join(lines)
 
