@@ -58,11 +58,11 @@ def bench(
 
 
 def table(rows: list[BenchRow]) -> str:
-    head = f"{'strategy':<13} {'tok/s':>8} {'TPF':>6} {'p_cache':>8} {'vs ar':>7} {'vs mdm':>7} {'ms/rnd':>7} {'tokens':>7}"
-    lines = [head]
+    names = ("tok/s", "TPF", "p_cache", "vs ar", "vs mdm", "ms/rnd", "tokens")
+    lines = [f"{'strategy':<13} " + " ".join(f"{n:>8}" for n in names)]
     for r in rows:
         lines.append(
-            f"{r.strategy:<13} {r.tokens_per_s:>8.1f} {r.tpf:>6.2f} {r.p_cache:>8.3f} "
-            f"{r.speedup_vs_ar:>6.2f}x {r.speedup_vs_mdm:>6.2f}x {r.ms_per_round:>7.1f} {r.tokens:>7}"
+            f"{r.strategy:<13} {r.tokens_per_s:>8.1f} {r.tpf:>8.2f} {r.p_cache:>8.3f} "
+            f"{r.speedup_vs_ar:>7.2f}x {r.speedup_vs_mdm:>7.2f}x {r.ms_per_round:>8.1f} {r.tokens:>8}"
         )
     return "\n".join(lines)
