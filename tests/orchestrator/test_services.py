@@ -28,8 +28,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def service(tiny_zoo, tmp_path_factory):
+@pytest.fixture(scope="module", params=["embedded", "redis"])
+def service(request, tiny_zoo, tmp_path_factory):
+    """The app on tiny models, its cache index embedded or on a redis-server the suite starts."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -39,6 +40,8 @@ def service(tiny_zoo, tmp_path_factory):
     port = free_port()
     config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
     serving = {"port": port, "max_batch_size": 8, "batch_wait_timeout_s": 0.01}
+    if request.param == "redis":
+        serving["redis_url"] = request.getfixturevalue("redis_url")
     config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
     app = serve.run(build_app({"config": str(config)}), name="dlm", route_prefix=None)
