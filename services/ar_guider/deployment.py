@@ -6,7 +6,7 @@ import torch
 from ray import serve
 
 from services.ar_guider.guider import Guider
-from services.common.config import EngineConfig
+from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.common.remote_call import Reply, run_groups
 
@@ -17,6 +17,7 @@ class GuiderDeployment:
         self, config: dict, role: str = "guider", max_batch_size: int = 16, batch_wait_timeout_s: float = 0.002
     ):
         cfg = EngineConfig(**config)
+        replica_threads(cfg)
         self.guider = Guider(
             load_model(cfg.path(role), cfg.device, cfg.dtype), role="guider" if role == "guider" else "drafter"
         )

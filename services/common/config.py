@@ -19,6 +19,8 @@ class ServingConfig:
     gang_wait_s: float = 0.01  # the orchestrator's batch of a stage waits at most this for requests doing local work
     max_concurrency: int = 64  # requests decoding at once in the orchestrator
     redis_url: str | None = None  # None: the embedded cache index
+    replica_threads: int = 1  # torch threads per model replica on CPU: replicas share the cores, spinning OpenMP
+    # threads of several processes on the same cores cost 10x
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
@@ -36,6 +38,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     chat_template: bool = True  # wrap prompts with the tokenizer's chat template when it has one
+    threads: int | None = None  # torch intra-op threads; None: torch's default (one per core)
     strategy: str = "pipeline"
     strategies: dict[str, dict] = field(default_factory=dict)  # per-strategy parameter overrides
     max_new_tokens: int = 128
@@ -51,6 +54,8 @@ class EngineConfig:
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def path(self, role: str) -> str:
         if role not in self.models:
@@ -68,3 +73,11 @@ class EngineConfig:
         values["models"] = {r: os.path.normpath(os.path.join(base, p)) for r, p in engine.get("models", {}).items()}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def replica_threads(config: "EngineConfig") -> None:
+    """A model replica's torch threads: the config's `threads`, else serving.replica_threads on CPU."""
+    import torch
+
+    if config.threads or config.device == "cpu":
+        torch.set_num_threads(config.threads or config.serving.replica_threads)

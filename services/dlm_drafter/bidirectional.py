@@ -123,7 +123,8 @@ class BidirectionalDrafter:
         block = torch.arange(region.start, region.end)
         masked = ~req.decided[block]
         rows = block[masked] + req.prompt_len - lo
-        embeds[rows] = embeds[rows] + alpha * (state.last_probs[masked].to(weight.dtype) @ weight)
+        last = state.last_probs[: len(block)]  # an EOS may have cut the block since the last forward
+        embeds[rows] = embeds[rows] + alpha * (last[masked].to(weight.dtype) @ weight)
         return embeds
 
     def release(self, request_id: str) -> None:

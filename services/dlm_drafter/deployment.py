@@ -5,7 +5,7 @@ from collections import Counter
 import torch
 from ray import serve
 
-from services.common.config import EngineConfig
+from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.common.remote_call import Reply, run_batch, run_groups
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
@@ -16,6 +16,7 @@ from services.dlm_drafter.causal import CausalDrafter
 class DrafterDeployment:
     def __init__(self, config: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.002):
         self.config = EngineConfig(**config)
+        replica_threads(self.config)
         self.causal = None
         if "drafter" in self.config.models:
             model = load_model(self.config.models["drafter"], self.config.device, self.config.dtype, reordered=True)

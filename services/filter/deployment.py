@@ -3,7 +3,7 @@
 import torch
 from ray import serve
 
-from services.common.config import EngineConfig
+from services.common.config import EngineConfig, replica_threads
 from services.common.remote_call import regroup
 from services.filter.model import Learn2PDFilter
 
@@ -11,7 +11,9 @@ from services.filter.model import Learn2PDFilter
 @serve.deployment(name="filter")
 class FilterDeployment:
     def __init__(self, config: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.002):
-        self.model = Learn2PDFilter.load(EngineConfig(**config).path("filter"))
+        cfg = EngineConfig(**config)
+        replica_threads(cfg)
+        self.model = Learn2PDFilter.load(cfg.path("filter"))
         self.accept_probs.set_max_batch_size(max_batch_size)
         self.accept_probs.set_batch_wait_timeout_s(batch_wait_timeout_s)
 

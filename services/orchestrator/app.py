@@ -8,7 +8,7 @@ from ray.serve.handle import DeploymentHandle
 
 from services.ar_guider.deployment import GuiderDeployment
 from services.common.cache_index import make_index
-from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.common.config import DEFAULT_CONFIG, EngineConfig, replica_threads
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
 from services.orchestrator.admission import KVAdmission
@@ -22,6 +22,7 @@ from services.orchestrator.server import Server
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
+        replica_threads(cfg)
         serving = cfg.serving
         self.pool = RemoteModelPool(cfg, handles)
         replicas = {role: await handles[role].replica_id.remote() for role in ("drafter", "guider") if role in handles}

@@ -4,6 +4,8 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
+
 from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta, load_model
@@ -70,6 +72,8 @@ class Result:
 
 class Engine:
     def __init__(self, config: EngineConfig, models=None):
+        if config.threads:
+            torch.set_num_threads(config.threads)
         self.config = config
         self.models = models or ModelPool(config)  # or a pool of remote stage components (services)
         self.ids = itertools.count()

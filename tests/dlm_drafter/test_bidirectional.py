@@ -41,3 +41,13 @@ def test_iteration_smoothing_changes_masked_inputs(tiny_zoo):
     region = Region(0, 8)
     torch.testing.assert_close(plain.propose(req, region).logits, smooth.propose(req, region).logits)
     assert not torch.allclose(plain.propose(req, region).logits, smooth.propose(req, region).logits)
+
+
+def test_iteration_smoothing_survives_an_eos_cutting_the_block(tiny_zoo):
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    drafter = BidirectionalDrafter(loaded, smoothing=Smoothing())
+    req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
+    drafter.propose(req, Region(0, 8))
+    req.decide(torch.tensor([5]), torch.tensor([loaded.eos_id]))  # horizon 8 -> 6
+    proposal = drafter.propose(req, Region(0, req.horizon))
+    assert proposal.positions.tolist() == [0, 1, 2, 3, 4]
