@@ -71,9 +71,12 @@ def cmd_bench(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from services.orchestrator.evaluate import evaluate
+    from services.orchestrator.evaluate import evaluate, mask_accuracy
 
     engine = engine_from(args)
+    if args.suite == "masked":
+        print(json.dumps({"suite": "masked", "mdm_accuracy": mask_accuracy(engine, n=args.n, seed=args.seed)}))
+        return 0
     params = parse_sets(args.set)
     if args.model:
         params.setdefault(*model_param(args.strategy or engine.config.strategy, args.model))
@@ -140,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")
     ev.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
     ev.add_argument("--model", default=None, help="ar: ar|guider|drafter; others: drafter|drafter_bidirectional")
-    ev.add_argument("--suite", default="tasks", choices=("tasks", "code"))
+    ev.add_argument(
+        "--suite", default="tasks", choices=("tasks", "code", "masked"), help="masked: drafter MDM accuracy"
+    )
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter")
     ev.add_argument("--n", type=int, default=20, help="held-out items per family")
     ev.add_argument("--families", default=None, help="comma-separated subset of count,copy,reverse,sort,add,code")

@@ -25,3 +25,10 @@ def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
     assert main([*args, "--families", "sort"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"accuracy", "overall_accuracy", "nll", "stats"} and set(out["accuracy"]) == {"sort"}
+
+
+def test_mask_accuracy_per_ratio(engine):
+    from services.orchestrator.evaluate import mask_accuracy
+
+    report = mask_accuracy(engine, ratios=(0.25, 0.75), n=1)
+    assert set(report) == {"0.25", "0.75"} and all(0 <= v <= 1 for v in report.values())
