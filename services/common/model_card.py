@@ -23,9 +23,17 @@ USES = {
 }
 
 
-def write(model_dir: str | Path, evals: list[dict]) -> Path:
+def _stages(s: dict) -> list[dict]:
+    """Oldest first: parent runs recorded via init_from, then this one."""
+    parent = s.get("init_from_summary")
+    return (_stages(parent) if parent else []) + [s]
+
+
+def write(model_dir: str | Path, evals: list[dict], history: list[dict] | None = None) -> Path:
     d = Path(model_dir)
     s = json.loads((d / "train_summary.json").read_text())
+    if history and not s.get("init_from_summary"):
+        s["init_from_summary"] = history[-1]
     c = s["config"]
     cfg = json.loads((d / "config.json").read_text())
     tok = json.loads((d / "tokenizer.json").read_text())
@@ -70,6 +78,12 @@ def write(model_dir: str | Path, evals: list[dict]) -> Path:
         f"- steps {s['steps']}, ~{c['batch_tokens']} tokens/step, lr {c['lr']} cosine (warmup {c['warmup']}), "
         f"AdamW wd {c['weight_decay']}, seed {c['seed']}, device {c['device']} ({c['dtype']})",
         f"- wall time {s['wall_s'] / 60:.1f} min on {c['threads']} CPU threads",
+        "- stages (oldest first): "
+        + "; ".join(
+            f"{x['name']} ({x['objective']}, {x['steps']} steps, {x['wall_s'] / 60:.1f} min, "
+            f"held-out task ce {x['heldout_task_ce']:.3f})"
+            for x in _stages(s)
+        ),
         "",
         "## Results (held-out split)",
         f"- held-out task cross-entropy (objective's labelled positions): {s['heldout_task_ce']:.4f}",
@@ -100,9 +114,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("--eval", nargs="*", default=[])
+    ap.add_argument("--history", nargs="*", default=[], help="train_summary.json of earlier stages, oldest first")
     a = ap.parse_args()
     evals = [json.loads(line) for p in a.eval for line in Path(p).read_text().splitlines() if line.strip()]
-    print(write(a.model_dir, evals))
+    hist = [json.loads(Path(p).read_text()) for p in a.history]
+    for older, newer in zip(hist, hist[1:], strict=False):
+        newer.setdefault("init_from_summary", older)
+    print(write(a.model_dir, evals, hist))
 
 
 if __name__ == "__main__":

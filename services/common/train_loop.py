@@ -190,6 +190,8 @@ def train(cfg: TrainConfig, make: MakeBatch, resume: bool = False, **config_extr
     ho_tasks = ho_tasks[:: max(1, len(ho_tasks) // cfg.eval_batches)][: cfg.eval_batches]
     ho_corpus = dataset.fixed_batches(corpus_ho[:256], cfg.batch_tokens)[:2]
 
+    prev = Path(cfg.init_from or "") / "train_summary.json"
+    parent = _lineage(prev) if cfg.init_from and prev.exists() else None
     step, elapsed, ckpt = 0, 0.0, run / "ckpt.pt"
     if resume and ckpt.exists():
         state = torch.load(ckpt, map_location=cfg.device, weights_only=False)
@@ -236,6 +238,7 @@ def train(cfg: TrainConfig, make: MakeBatch, resume: bool = False, **config_extr
             torch.save(state, ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)  # atomic: a kill mid-write keeps the previous checkpoint
     summary = {
+        "init_from_summary": parent,
         "name": cfg.name,
         "objective": cfg.objective,
         "params": n_params,
@@ -249,6 +252,12 @@ def train(cfg: TrainConfig, make: MakeBatch, resume: bool = False, **config_extr
     save(model, tok, cfg, out)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _lineage(path: Path) -> dict:
+    """The parent run's summary without its config (read before a same-dir save overwrites it)."""
+    s = json.loads(path.read_text())
+    return {k: v for k, v in s.items() if k != "config"}
 
 
 def save(model, tok, cfg: TrainConfig, out: Path) -> None:
