@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
     ben.add_argument("--concurrency", default="1,4,16", help="with --target: concurrent streams per level")
     ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --target")
+    ben.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --target and --strategy")
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")

@@ -138,6 +138,8 @@ def bench_remote(args) -> int:
     if not levels or min(levels) < 1:
         raise ValueError(f"--concurrency expects positive integers like 1,4,16, got {args.concurrency!r}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, strategy=getattr(args, "strategy", None))
+    if getattr(args, "set", None):
+        kwargs["params"] = parse_sets(args.set)
     try:
         with DlmClient(args.target) as client:
             client.wait_ready()
