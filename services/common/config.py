@@ -17,6 +17,7 @@ class ServingConfig:
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.002  # @serve.batch on the replicas
     gang_wait_s: float = 0.01  # the orchestrator's batch of a stage waits at most this for requests doing local work
+    micro_batches: int = 2  # gangs of requests whose stage calls overlap (drafter on one while guider on another)
     max_concurrency: int = 64  # requests decoding at once in the orchestrator
     redis_url: str | None = None  # None: the embedded cache index
     replica_threads: int = 1  # torch threads per model replica on CPU: replicas share the cores, spinning OpenMP
@@ -28,8 +29,11 @@ class ServingConfig:
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
-        if self.num_gpus < 0 or self.max_batch_size < 1 or self.kv_budget_tokens < 1 or self.max_queue < 0:
-            raise ValueError("serving: num_gpus >= 0, max_batch_size >= 1, kv_budget_tokens >= 1, max_queue >= 0")
+        counts = (self.max_batch_size, self.micro_batches, self.kv_budget_tokens)
+        if min(counts) < 1 or min(self.num_gpus, self.max_queue) < 0:
+            raise ValueError(
+                "serving: num_gpus >= 0, max_batch_size >= 1, micro_batches >= 1, kv_budget_tokens >= 1, max_queue >= 0"
+            )
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from services.common.remote_call import absorb
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import Smoothing
 from services.filter.model import FilterConfig
-from services.orchestrator.batcher import Batcher, Gang
+from services.orchestrator.batcher import Call, MicroBatches
 from services.orchestrator.engine import first_role
 
 
@@ -24,7 +24,7 @@ class RemoteCausalDrafter:
     family = "causal"
 
     def __init__(self, pool: "RemoteModelPool", logits: bool = False):
-        self.handle, self.logits, self.gang = pool.handle("drafter"), logits, pool.gang
+        self.handle, self.logits, self.micro_batches = pool.handle("drafter"), logits, pool.micro_batches
         self.proposing, self.forwarding = pool.batcher("drafter", "propose"), pool.batcher("drafter", "forward")
 
     def propose(self, req: Request, region: Region) -> Proposal:
@@ -34,7 +34,7 @@ class RemoteCausalDrafter:
         return absorb(req, self.forwarding(req.id, (req, ids, positions, groups)))
 
     def release(self, request_id: str) -> None:
-        self.gang.leave(request_id)
+        self.micro_batches.leave(request_id)
         self.handle.release.remote(request_id).result()
 
 
@@ -52,7 +52,7 @@ class RemoteBidirectionalDrafter(RemoteCausalDrafter):
 
 class RemoteGuider:
     def __init__(self, pool: "RemoteModelPool", role: str):
-        self.handle, self.gang = pool.handle(role), pool.gang
+        self.handle, self.micro_batches = pool.handle(role), pool.micro_batches
         self.verifying, self.forwarding = pool.batcher(role, "verify"), pool.batcher(role, "forward")
 
     def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
@@ -62,7 +62,7 @@ class RemoteGuider:
         return absorb(req, self.forwarding(req.id, (req, start, draft)))
 
     def release(self, request_id: str) -> None:
-        self.gang.leave(request_id)
+        self.micro_batches.leave(request_id)
         self.handle.release.remote(request_id).result()
 
 
@@ -82,15 +82,15 @@ class RemoteModelPool:
         self.config, self.handles = config, handles
         self.metadata: ModelMeta | None = None
         self.remote_filter: RemoteFilter | None = None
-        self.batchers: dict[tuple[str, str], Batcher] = {}
-        self.gang = Gang()
+        self.batchers: dict[tuple[str, str], Call] = {}
+        self.micro_batches = MicroBatches(config.serving.micro_batches, config.serving.gang_wait_s)
 
-    def batcher(self, role: str, method: str) -> Batcher:
-        """One client-side batcher per deployment method, shared by every request."""
+    def batcher(self, role: str, method: str) -> Call:
+        """One client-side batcher per deployment method and micro-batch, shared by the requests."""
         if (role, method) not in self.batchers:
             remote = getattr(self.handle(role), method)
             send = lambda items: remote.remote(items).result()  # noqa: E731
-            self.batchers[role, method] = Batcher(send, self.gang, self.config.serving.gang_wait_s)
+            self.batchers[role, method] = self.micro_batches.batcher(send)
         return self.batchers[role, method]
 
     def handle(self, role: str) -> DeploymentHandle:
