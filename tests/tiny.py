@@ -33,10 +33,9 @@ def tokenizer(path: str) -> PreTrainedTokenizerFast:
     return fast
 
 
-def causal_lm(path: str, tok: PreTrainedTokenizerFast, seed: int, family: str | None, hidden: int = 64) -> str:
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=len(tok),
+def qwen3_kwargs(vocab_size: int, hidden: int = 64, **kw) -> dict:
+    base = dict(
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=2,
@@ -45,9 +44,13 @@ def causal_lm(path: str, tok: PreTrainedTokenizerFast, seed: int, family: str | 
         head_dim=16,
         max_position_embeddings=512,
         tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
     )
+    return {**base, **kw}
+
+
+def causal_lm(path: str, tok: PreTrainedTokenizerFast, seed: int, family: str | None, hidden: int = 64) -> str:
+    torch.manual_seed(seed)
+    config = Qwen3Config(**qwen3_kwargs(len(tok), hidden, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     if family:
         config.mask_token_id = tok.mask_token_id
         config.dlm_family = family

@@ -12,12 +12,13 @@ from pathlib import Path
 from services.common.bpe import SPECIALS
 
 USES = {
-    "ar-base": "AR base model (Qwen3 architecture); initialisation of both drafters.",
+    "ar-base": "AR base model (Qwen3 architecture), grown from the guider; initialisation of the drafters.",
     "guider": "small AR guider that verifies drafter proposals (FlashDLM-style guided diffusion).",
-    "drafter-causal": "causal-attention diffusion drafter, ReFusion hybrid objective (000 4.3) + WeDLM 4.1 "
-    "token-level topological reordering samples. Convention: the output at a mask token predicts the token at "
-    "that mask's own logical position; the output at a clean token predicts the next logical token. Always "
-    "pass logical `position_ids` and an explicit 2D `attention_mask`.",
+    "drafter-causal": "causal-attention diffusion drafter: WeDLM 4.2 dual-stream batches (prefix-conditioned "
+    "blocks) and ReFusion hybrid batches (000 4.3) with WeDLM 4.1 token-level topological reordering samples. "
+    "Convention: the output at a mask token predicts the token at that mask's own logical position; the output at "
+    "a clean token predicts the next logical token. Always pass logical `position_ids` and an explicit "
+    "`attention_mask`.",
     "drafter-bidirectional": "bidirectional (is_causal=false) masked diffusion drafter, LLaDA-style objective; "
     "the output at a mask position predicts that position's token.",
 }
@@ -70,7 +71,12 @@ def write(model_dir: str | Path, evals: list[dict], history: list[dict] | None =
         "chat template renders a user message as `{content}<|response|>`",
         "",
         "## Training",
-        f"- objective: `{s['objective']}`; init_from: `{c.get('init_from')}`",
+        f"- objective: `{s['objective']}`; "
+        + (
+            f"grown (function-preserving) from: `{c['grow_from']}`"
+            if c.get("grow_from")
+            else f"init_from: `{c.get('init_from')}`"
+        ),
         f"- data: `{c['data']}` (`dlm data --seed {meta.get('config', {}).get('seed', 0)}`): verifiable tasks "
         "(count, copy, reverse, sort, add, code) + Python stdlib source chunks "
         f"(corpus_frac {c['corpus_frac']}), python {meta.get('python', '?').split()[0]}",

@@ -17,11 +17,13 @@ STATS_KEYS = (
     "wall_s",
 )
 
+# one held-out item per task family (never trained on), in the task suite's format
 BENCH_PROMPTS = [
-    "count from 3 step 2 for 12:",
-    "copy: red blue green red yellow blue:",
-    "sort: 42 7 19 88 3:",
-    "add: 128 + 371 =",
+    "count from 30 step 3 for 21:",
+    "copy: y w d h y p l e r f b",
+    "reverse: o w s l p j i v d s a j w h m t",
+    "sort: 58 68 49 27 13 91 67",
+    "add 366+558=",
 ]
 
 

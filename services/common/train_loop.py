@@ -20,6 +20,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from services.common import dataset
+from services.common.grow import grow
 
 OBJECTIVES = ("ar", "hybrid", "mdm")
 
@@ -33,6 +34,7 @@ class TrainConfig:
     data: str = "data"
     tokenizer: str = "models/tokenizer"
     init_from: str | None = None
+    grow_from: str | None = None  # a smaller Qwen3 to grow function-preservingly into `model` (services/common/grow.py)
     model: dict = field(default_factory=dict)  # Qwen3Config kwargs (ignored with init_from)
     steps: int = 1000
     batch_tokens: int = 4096
@@ -56,6 +58,8 @@ class TrainConfig:
     slot_sizes: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
     mdm_weight: float = 1.0  # lambda in L_ARM + lambda * L_MDM
     token_reorder_frac: float = 0.0  # share of WeDLM token-level topological-reordering samples
+    dual_stream_frac: float = 0.0  # share of WeDLM 4.2 dual-stream batches (memory + block-masked prediction stream)
+    dual_block_size: int = 16  # their block size B (002 uses 32; 16 matches the pipeline's window)
     eos_pad_max: int = 8  # extra eos appended to drafter responses (learn to stop inside a canvas)
     family_weights: dict = field(default_factory=dict)  # family -> integer repeat of its train items (default 1)
 
@@ -70,6 +74,10 @@ class TrainConfig:
             raise ValueError("family_weights must be non-negative integers")
         if not all(k > 0 for k in self.slot_sizes) or not 0 <= self.token_reorder_frac <= 1:
             raise ValueError("bad slot_sizes / token_reorder_frac")
+        if not 0 <= self.dual_stream_frac <= 1 or self.dual_block_size < 1:
+            raise ValueError("dual_stream_frac must be in [0, 1] and dual_block_size >= 1")
+        if self.init_from and self.grow_from:
+            raise ValueError("init_from and grow_from are exclusive: start from one checkpoint")
         self.out = self.out or f"models/{self.name}"
         self.run_dir = self.run_dir or f"runs/{self.name}"
 
@@ -87,7 +95,7 @@ class TrainConfig:
 class Batch:
     input_ids: torch.Tensor  # [B, T]
     position_ids: torch.Tensor  # [B, T] logical positions
-    attention_mask: torch.Tensor  # [B, T] 1 = real token, 0 = pad (always passed, see module doc of corrupt)
+    attention_mask: torch.Tensor  # [B, T] 1 = real token, 0 = pad; or [B, 1, T, T] bool, True = attend
     labels: torch.Tensor  # [B, T] target read from the output AT this position, -100 = none
     weights: torch.Tensor  # [B, T] loss = sum(ce * weights)
 
@@ -117,7 +125,11 @@ def build_model(cfg: TrainConfig, tok, **extra) -> Qwen3ForCausalLM:
         kw.update(cfg.model)
         kw.update(extra)
         torch.manual_seed(cfg.seed)
-        model = Qwen3ForCausalLM(Qwen3Config(**kw))
+        if cfg.grow_from:
+            small = Qwen3ForCausalLM.from_pretrained(cfg.grow_from, dtype=torch.float32)
+            model = grow(small, Qwen3Config(**kw), seed=cfg.seed)
+        else:
+            model = Qwen3ForCausalLM(Qwen3Config(**kw))
     model.config.use_cache = False
     return model
 
@@ -190,8 +202,9 @@ def train(cfg: TrainConfig, make: MakeBatch, resume: bool = False, **config_extr
     ho_tasks = ho_tasks[:: max(1, len(ho_tasks) // cfg.eval_batches)][: cfg.eval_batches]
     ho_corpus = dataset.fixed_batches(corpus_ho[:256], cfg.batch_tokens)[:2]
 
-    prev = Path(cfg.init_from or "") / "train_summary.json"
-    parent = _lineage(prev) if cfg.init_from and prev.exists() else None
+    source = cfg.init_from or cfg.grow_from
+    prev = Path(source or "") / "train_summary.json"
+    parent = _lineage(prev) if source and prev.exists() else None
     step, elapsed, ckpt = 0, 0.0, run / "ckpt.pt"
     if resume and ckpt.exists():
         state = torch.load(ckpt, map_location=cfg.device, weights_only=False)

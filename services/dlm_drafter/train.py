@@ -1,5 +1,5 @@
-"""Drafter training from ar-base: `hybrid` (drafter-causal, ReFusion 4.3 + optional WeDLM 4.1 samples,
-causal attention) or `mdm` (drafter-bidirectional, LLaDA, full attention)."""
+"""Drafter training from ar-base: `hybrid` (drafter-causal, ReFusion 4.3 + optional WeDLM 4.1 samples and
+WeDLM 4.2 dual-stream batches, causal attention) or `mdm` (drafter-bidirectional, LLaDA, full attention)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,13 @@ def make_hybrid_batch(
     slot_sizes: list[int],
     mdm_weight: float = 1.0,
     token_reorder_frac: float = 0.0,
+    dual_stream_frac: float = 0.0,
+    dual_block_size: int = 16,
     eos_pad_max: int = 0,
 ) -> Batch:
+    if rng.random() < dual_stream_frac:
+        insts = [corrupt.dual_stream(e, rng, mask_id, eos_id, dual_block_size, eos_pad_max) for e in examples]
+        return corrupt.collate(insts, "dual", mdm_weight, pad_id=eos_id)
     insts = [
         corrupt.token_reorder(e, rng, mask_id, eos_id, eos_pad_max)
         if rng.random() < token_reorder_frac
@@ -50,6 +55,8 @@ def run(cfg: TrainConfig, resume: bool = False) -> dict:
             slot_sizes=cfg.slot_sizes,
             mdm_weight=cfg.mdm_weight,
             token_reorder_frac=cfg.token_reorder_frac,
+            dual_stream_frac=cfg.dual_stream_frac,
+            dual_block_size=cfg.dual_block_size,
             eos_pad_max=cfg.eos_pad_max,
         )
         extra = {"mask_token_id": tok.mask_token_id, "dlm_family": "causal", "is_causal": True}

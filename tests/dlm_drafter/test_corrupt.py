@@ -2,10 +2,12 @@ import random
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from services.common.dataset import Example
 from services.dlm_drafter import corrupt
 from services.dlm_drafter.train import make_hybrid_batch, make_mdm_batch
+from tests import tiny
 
 MASK, EOS = 1, 0
 P = [10, 11, 2]  # prompt ending with <|response|>
@@ -81,10 +83,71 @@ def orig_at(p: int) -> int:
 def test_batches_weights():
     ex = [E, Example([5, 6, 7, 8, 9, 10, 11, 12], 0, "text")]
     b = make_hybrid_batch(ex, random.Random(1), mask_id=MASK, eos_id=EOS, slot_sizes=[4], eos_pad_max=3)
-    assert b.attention_mask.dtype == torch.long and b.position_ids.shape == b.input_ids.shape
+    B, T = b.input_ids.shape
+    assert b.attention_mask.shape == (B, 1, T, T) and b.position_ids.shape == b.input_ids.shape
+    assert torch.equal(b.attention_mask[0, 0], torch.ones(T, T, dtype=torch.bool).tril())  # longest row: causal
     sel = b.labels != -100
     kinds = b.input_ids[sel] == MASK
     if kinds.any() and (~kinds).any():
         assert torch.isclose(b.weights[sel].sum(), torch.tensor(2.0))  # mean ARM + 1.0 * mean MDM
     m = make_mdm_batch(ex, random.Random(1), mask_id=MASK, eos_id=EOS)
     assert ((m.weights > 0) == (m.input_ids == MASK)).all()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dual_stream_instance(seed):
+    inst = corrupt.dual_stream(E, random.Random(seed), MASK, EOS, block_size=8)
+    L = len(ORIG)
+    assert inst.ids[:L] == ORIG and inst.pos[:L] == list(range(L)) and inst.n_prompt == L  # clean memory stream
+    assert inst.labels[len(P) - 1 : L - 1] == R and inst.block[:L] == [-1] * L  # AR labels on the response
+    pred = list(zip(inst.ids[L:], inst.pos[L:], inst.labels[L:], inst.block[L:], strict=True))
+    assert sorted(p for _, p, _, _ in pred) == list(range(len(P), L))  # each response position once
+    starts = sorted(set(inst.block[L:]))
+    assert all(b - a == 8 for a, b in zip(starts[1:], starts[2:], strict=False))  # first block random, then B
+    for s in starts:
+        blk = [(x, p, lab) for x, p, lab, b in pred if b == s]
+        masks = [x == MASK for x, _, _ in blk]
+        assert any(masks) and masks == sorted(masks)  # observed first, masked after (4.1 within the block)
+        assert all(s <= p < s + 8 for _, p, _ in blk)
+        for x, p, lab in blk:
+            assert lab == (ORIG[p] if x == MASK else -100) and (x == MASK or x == ORIG[p])
+
+
+def test_dual_stream_visibility():
+    inst = corrupt.dual_stream(E, random.Random(3), MASK, EOS, block_size=8)
+    vis, L = corrupt.visible(inst), len(ORIG)
+    assert torch.equal(vis[:L, :L], torch.ones(L, L, dtype=torch.bool).tril())  # memory: plain causal
+    for i in range(L, len(inst.ids)):
+        s = inst.block[i]
+        seen = vis[i].nonzero().squeeze(-1).tolist()
+        memory = [j for j in seen if j < L]
+        own = [j for j in seen if j >= L]
+        assert memory == list(range(s))  # clean history before the block, nothing of its own positions
+        assert own == [j for j in range(L, i + 1) if inst.block[j] == s]  # its block, causally; no earlier blocks
+
+
+def test_dual_stream_matches_inference_layout(tmp_path):
+    """A fully masked block sees exactly what the causal drafter sees at decode time: prefix then masks."""
+    path = tiny.causal_lm(str(tmp_path / "m"), tiny.tokenizer(str(tmp_path / "tok")), 0, "causal")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    rng = random.Random(0)
+    rng.random = lambda: 0.0  # gamma = 1: every block fully masked
+    inst = corrupt.dual_stream(E, rng, MASK, EOS, block_size=8)
+    b = corrupt.collate([inst], "dual")
+    with torch.no_grad():
+        out = model(input_ids=b.input_ids, position_ids=b.position_ids, attention_mask=b.attention_mask).logits[0]
+        L = len(ORIG)
+        for s in sorted(set(inst.block[L:])):
+            idx = [i for i in range(L, len(inst.ids)) if inst.block[i] == s]
+            ids = torch.tensor([ORIG[:s] + [MASK] * len(idx)])
+            ref = model(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0, s:]
+            assert torch.allclose(out[idx], ref, atol=1e-4)
+
+
+def test_dual_stream_weights():
+    b = make_hybrid_batch(
+        [E], random.Random(0), mask_id=MASK, eos_id=EOS, slot_sizes=[4], dual_stream_frac=1.0, dual_block_size=8
+    )
+    arm, mdm = b.weights[b.input_ids != MASK], b.weights[b.input_ids == MASK]
+    assert torch.isclose(arm.sum(), torch.tensor(1.0))  # mean AR loss over the memory stream
+    assert (mdm > 0).all() and (mdm >= 1 / len(R) - 1e-6).all()  # 1/gamma over prediction-stream tokens
