@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from services.common.batch import Item, forward
 from services.common.kv import truncate
+from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Verdict, never_mask
 from services.common.request import Request
@@ -29,21 +30,23 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+def new_cache() -> GuiderCache:
+    return GuiderCache(DynamicCache(), [])
+
+
 class Guider:
-    def __init__(self, loaded: LoadedModel, role: str = "guider"):
+    def __init__(self, loaded: LoadedModel, kv: KVManager):
         self.loaded = loaded
         self.model = loaded.model
-        self.role = role  # which stats counter its forwards go to
-        self.caches: dict[str, GuiderCache] = {}
+        self.kv = kv
 
     def item(self, req: Request, start: int, draft: torch.Tensor) -> Item:
-        cache = self.caches.setdefault(req.id, GuiderCache(DynamicCache(), []))
+        cache = self.kv.get(req, new_cache)
         seq = req.prompt_ids + req.tokens[:start].tolist()  # the sequence before the span
         # trim back to what is still the accepted prefix; the last token before the span must run again
         past = min(common_prefix(cache.ids, seq), len(seq) - 1)
         truncate(cache.kv, past)
         cache.ids = seq + draft.tolist()
-        setattr(req.stats, f"{self.role}_forwards", getattr(req.stats, f"{self.role}_forwards") + 1)
         new = cache.ids[past:]
         return Item(cache.kv, new, list(range(past, past + len(new))), len(new))
 
@@ -56,20 +59,13 @@ class Guider:
             for out, (req, _, draft) in zip(logits, calls, strict=True)
         ]
 
-    def forward(self, req: Request, start: int, draft: torch.Tensor) -> torch.Tensor:
-        return self.forward_batch([(req, start, draft)])[0]
-
-    def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor]], top_k: int) -> list[Verdict]:
+    def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Verdict]:
+        """calls: (req, start, draft [M], top_k) -> the guider's verdict on each draft, in one forward."""
+        logits = self.forward_batch([call[:3] for call in calls])
         return [
-            verdict(start, draft, logits[: len(draft)], top_k)
-            for (_, start, draft), logits in zip(calls, self.forward_batch(calls), strict=True)
+            verdict(start, draft, out[: len(draft)], top_k)
+            for (_, start, draft, top_k), out in zip(calls, logits, strict=True)
         ]
-
-    def verify(self, req: Request, start: int, draft: torch.Tensor, top_k: int) -> Verdict:
-        return self.verify_batch([(req, start, draft)], top_k)[0]
-
-    def release(self, request_id: str) -> None:
-        self.caches.pop(request_id, None)
 
 
 def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int) -> Verdict:

@@ -14,11 +14,7 @@ class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
-    max_batch_size: int = 16
-    batch_wait_timeout_s: float = 0.002  # @serve.batch on the replicas
-    gang_wait_s: float = 0.01  # the orchestrator's batch of a stage waits at most this for requests doing local work
-    micro_batches: int = 2  # gangs of requests whose stage calls overlap (drafter on one while guider on another)
-    max_concurrency: int = 64  # requests decoding at once in the orchestrator
+    max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     redis_url: str | None = None  # None: the embedded cache index
     replica_threads: int = 1  # torch threads per model replica on CPU: replicas share the cores, spinning OpenMP
     # threads of several processes on the same cores cost 10x
@@ -29,11 +25,8 @@ class ServingConfig:
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
-        counts = (self.max_batch_size, self.micro_batches, self.kv_budget_tokens)
-        if min(counts) < 1 or min(self.num_gpus, self.max_queue) < 0:
-            raise ValueError(
-                "serving: num_gpus >= 0, max_batch_size >= 1, micro_batches >= 1, kv_budget_tokens >= 1, max_queue >= 0"
-            )
+        if min(self.max_concurrency, self.kv_budget_tokens) < 1 or min(self.num_gpus, self.max_queue) < 0:
+            raise ValueError("serving: num_gpus >= 0, max_concurrency >= 1, kv_budget_tokens >= 1, max_queue >= 0")
 
 
 @dataclass(slots=True)

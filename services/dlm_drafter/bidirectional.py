@@ -44,24 +44,38 @@ class BlockCache:
     prefilled: bool = False
 
 
+def new_cache() -> BlockCache:
+    return BlockCache(DynamicCache())
+
+
+@dataclass(slots=True)
+class BidirectionalCall:
+    req: Request
+    region: Region
+    state: BlockCache  # the request's cache, owned by the caller's KV manager
+    cache: str  # cache mode
+    smoothing: Smoothing | None
+
+
 class BidirectionalDrafter:
     family = "bidirectional"
 
-    def __init__(self, loaded: LoadedModel, cache: str = "none", smoothing: Smoothing | None = None):
+    def __init__(self, loaded: LoadedModel):
         if loaded.mask_id is None:
             raise ValueError(f"drafter {loaded.path} has no mask token (config.mask_token_id)")
-        if cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
         self.loaded = loaded
         self.model = loaded.model
-        self.cache_mode = cache
         self.shift = loaded.meta.logits_shift
-        self.smoothing = smoothing
-        self.caches: dict[str, BlockCache] = {}
+
+    def propose_batch(self, calls: list[BidirectionalCall]) -> list[tuple[Proposal, int]]:
+        out = []
+        for call in calls:
+            self.cache_mode, self.smoothing = call.cache, call.smoothing
+            out.append(self.propose(call.req, call.region, call.state))
+        return out
 
     @torch.inference_mode()
-    def propose(self, req: Request, region: Region) -> Proposal:
-        state = self.caches.setdefault(req.id, BlockCache(DynamicCache()))
+    def propose(self, req: Request, region: Region, state: BlockCache) -> tuple[Proposal, int]:
         if region.start != state.block_start:
             self.enter_block(state, region)
         P, end = req.prompt_len, req.horizon
@@ -75,8 +89,7 @@ class BidirectionalDrafter:
             past_key_values=state.kv,
             use_cache=True,
         )
-        req.stats.drafter_forwards += 1
-        req.stats.drafter_tokens_processed += hi - lo - (P if not state.prefilled else 0)
+        tokens = hi - lo - (P if not state.prefilled else 0)
         state.prefilled = True
         self.keep(state, region, P, past)
         first = P + region.start - self.shift - lo  # the output predicting the block's first position
@@ -85,7 +98,8 @@ class BidirectionalDrafter:
         if self.smoothing:
             state.last_probs = torch.softmax(logits, -1)
         state.step += 1
-        return propose_from_logits(masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id)
+        proposal = propose_from_logits(masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id)
+        return proposal, tokens
 
     def enter_block(self, state: BlockCache, region: Region) -> None:
         state.block_start, state.step, state.last_probs = region.start, 0, None
@@ -126,6 +140,3 @@ class BidirectionalDrafter:
         last = state.last_probs[: len(block)]  # an EOS may have cut the block since the last forward
         embeds[rows] = embeds[rows] + alpha * (last[masked].to(weight.dtype) @ weight)
         return embeds
-
-    def release(self, request_id: str) -> None:
-        self.caches.pop(request_id, None)

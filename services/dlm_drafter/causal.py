@@ -13,6 +13,7 @@ from transformers import DynamicCache
 
 from services.common.batch import Item, forward
 from services.common.kv import cache_len
+from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
@@ -24,51 +25,51 @@ class CausalCache:
     committed: int = 0  # how many of req.order are in kv
 
 
+def new_cache() -> CausalCache:
+    return CausalCache(DynamicCache())
+
+
 class CausalDrafter:
     family = "causal"
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, kv: KVManager):
         if loaded.mask_id is None:
             raise ValueError(f"drafter {loaded.path} has no mask token (config.mask_token_id)")
         if loaded.meta.logits_shift or loaded.bidirectional:
             raise ValueError(f"drafter {loaded.path} is not a causal DLM (bidirectional or shifted logits)")
         self.loaded = loaded
         self.model = loaded.model
-        self.caches: dict[str, CausalCache] = {}
+        self.kv = kv
 
-    def item(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None) -> Item:
-        """ids [L] at generation positions [L], preceded by the commits (and, first time, the prompt) not yet cached."""
-        cache = self.caches.setdefault(req.id, CausalCache(DynamicCache()))
+    def item(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None):
+        """ids [L] at generation positions [L], preceded by the commits (and, first time, the prompt) not yet cached.
+        -> the forward's Item, and the token instances it processes past the prompt's prefill (p_cache's N_fwd)."""
+        cache = self.kv.get(req, new_cache)
         pending = req.order[cache.committed :]
         prefix_ids = req.tokens[pending].tolist()
         prefix_pos = [req.prompt_len + p for p in pending]
+        processed = len(pending) + len(ids)
         if cache_len(cache.kv) == 0:
             prefix_ids, prefix_pos = req.prompt_ids + prefix_ids, list(range(req.prompt_len)) + prefix_pos
-        else:
-            req.stats.drafter_tokens_processed += len(pending)
-        req.stats.drafter_tokens_processed += len(ids)
-        req.stats.drafter_forwards += 1
+            processed = len(ids)
         cache.committed = len(req.order)
         n = len(prefix_ids)
         if groups is not None:
             groups = torch.cat([torch.full((n,), -1), groups])
-        return Item(cache.kv, prefix_ids + ids.tolist(), prefix_pos + (positions + req.prompt_len).tolist(), n, groups)
+        pos = prefix_pos + (positions + req.prompt_len).tolist()
+        return Item(cache.kv, prefix_ids + ids.tolist(), pos, n, groups), processed
 
-    def forward_batch(self, calls: list[tuple]) -> list[torch.Tensor]:
-        """calls: (req, ids [L], positions [L], groups [L] | None) -> logits [L, V] each, in one padded forward.
+    def forward_batch(self, calls: list[tuple]) -> list[tuple[torch.Tensor, int]]:
+        """calls: (req, ids [L], positions [L], groups [L] | None) -> (logits [L, V], tokens processed) each, in one
+        padded forward.
 
         groups, when given, isolate spans from each other: each sees the cache and its own span, causally.
         """
-        items = [self.item(*call) for call in calls]
-        logits = forward(self.model, items)
-        return [out[item.keep :] for out, item in zip(logits, items, strict=True)]
+        items, processed = zip(*[self.item(*call) for call in calls], strict=True)
+        logits = forward(self.model, list(items))
+        return [(out[item.keep :], n) for out, item, n in zip(logits, items, processed, strict=True)]
 
-    def forward(
-        self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return self.forward_batch([(req, ids, positions, groups)])[0]
-
-    def propose_batch(self, calls: list[tuple[Request, Region]]) -> list[Proposal]:
+    def propose_batch(self, calls: list[tuple[Request, Region]]) -> list[tuple[Proposal, int]]:
         """Fill every masked position of each region; clean context and pending commits stand before the masks."""
         inputs = []
         for req, region in calls:
@@ -77,18 +78,8 @@ class CausalDrafter:
             masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
             ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
             inputs.append((req, ids, torch.cat([context, masked]), None, len(context), masked))
-        logits = self.forward_batch([call[:4] for call in inputs])
+        outs = self.forward_batch([call[:4] for call in inputs])
         return [
-            propose_from_logits(masked, out[n:], req.sampling, req.generator, req.mask_id)
-            for (req, _, _, _, n, masked), out in zip(inputs, logits, strict=True)
+            (propose_from_logits(masked, out[n:], req.sampling, req.generator, req.mask_id), tokens)
+            for (req, _, _, _, n, masked), (out, tokens) in zip(inputs, outs, strict=True)
         ]
-
-    def propose(self, req: Request, region: Region) -> Proposal:
-        return self.propose_batch([(req, region)])[0]
-
-    def release(self, request_id: str) -> None:
-        self.caches.pop(request_id, None)
-
-    def cached_tokens(self, request_id: str) -> int:
-        cache = self.caches.get(request_id)
-        return cache_len(cache.kv) if cache else 0

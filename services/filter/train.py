@@ -20,7 +20,6 @@ from tqdm import tqdm
 from services.common import tasks
 from services.common.config import EngineConfig
 from services.common.proposal import Region
-from services.dlm_drafter.bidirectional import BidirectionalDrafter
 from services.filter.model import FilterConfig, Learn2PDFilter
 from services.orchestrator.engine import Engine
 
@@ -70,12 +69,12 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
     end = reference.frontier
     req = engine.request(prompt, cfg.max_new_tokens)
     req.horizon = end
-    drafter = BidirectionalDrafter(engine.models.load("drafter_bidirectional"))
+    drafter = engine.models.host("drafter")
     rows = []
     for start in range(0, end, cfg.block_size):
         region = Region(start, min(start + cfg.block_size, end))
         while not req.decided[region.start : region.end].all():
-            proposal = drafter.propose(req, region)
+            proposal = drafter.propose_bidirectional([(req, region, "none", None, False)])[0].value
             rel = proposal.positions - start
             confidence, label, active = (
                 torch.ones(cfg.block_size),
@@ -89,7 +88,7 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
             if not match.any():
                 match[proposal.probs.argmax()] = True
             req.decide(proposal.positions[match], reference.tokens[proposal.positions[match]])
-    drafter.release(req.id)
+    drafter.release([req.id])
     return rows
 
 

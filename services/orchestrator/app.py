@@ -1,5 +1,5 @@
-"""The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that runs
-the round loop over their handles and serves gRPC. `serve deploy` takes `services.orchestrator.app:build_app`."""
+"""The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
+the engine over their handles and serves gRPC. `serve deploy` takes `services.orchestrator.app:build_app`."""
 
 from dataclasses import asdict
 
@@ -11,10 +11,10 @@ from services.common.cache_index import make_index
 from services.common.config import DEFAULT_CONFIG, EngineConfig, replica_threads
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
-from services.orchestrator.admission import KVAdmission
-from services.orchestrator.backend import LocalBackend
-from services.orchestrator.engine import Engine
-from services.orchestrator.remote import RemoteModelPool
+from services.orchestrator.admission import IndexAdmission
+from services.orchestrator.async_engine import AsyncEngine
+from services.orchestrator.backend import EngineBackend
+from services.orchestrator.remote import RemoteHosts
 from services.orchestrator.server import Server
 
 
@@ -24,25 +24,24 @@ class Orchestrator:
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         serving = cfg.serving
-        self.pool = RemoteModelPool(cfg, handles)
+        self.hosts = RemoteHosts(cfg, handles)
         replicas = {role: await handles[role].replica_id.remote() for role in ("drafter", "guider") if role in handles}
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-        admission = KVAdmission(
-            self.index, replicas, serving.kv_budget_tokens, serving.max_queue, serving.request_ttl_s
-        )
-        self.backend = LocalBackend(Engine(cfg, models=self.pool), serving.max_concurrency, admission)
+        admission = IndexAdmission(self.index, replicas, serving.kv_budget_tokens, serving.request_ttl_s)
+        self.backend = EngineBackend(AsyncEngine(cfg, self.hosts, admission))
         self.server = Server(self.backend)
-        self.port = await self.server.start(f"{cfg.serving.host}:{cfg.serving.port}")
+        self.port = await self.server.start(f"{serving.host}:{serving.port}")
 
     def address(self) -> str:
         return f"port {self.port}"
 
-    def live(self) -> dict:
-        """Requests holding state: in the orchestrator, and per model deployment."""
-        return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **self.pool.held()}
+    async def live(self) -> dict:
+        """Requests holding state: in the orchestrator, in the index, and per model deployment."""
+        return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **await self.hosts.held()}
 
     def batch_sizes(self) -> dict:
-        return {role: self.pool.handle(role).batch_sizes.remote().result() for role in ("drafter", "guider")}
+        """Per deployment, batch size -> calls the orchestrator sent it."""
+        return {role: dict(sizes) for role, sizes in self.hosts.batches.items()}
 
     async def check_health(self) -> None:
         if not self.backend.ready:
@@ -53,22 +52,20 @@ def build_app(args: dict | None = None):
     """args: {"config": path to the dlm YAML}; the same file `dlm serve` reads."""
     cfg = EngineConfig.from_yaml((args or {}).get("config", DEFAULT_CONFIG))
     config, serving = asdict(cfg), cfg.serving
-    batching = {"max_batch_size": serving.max_batch_size, "batch_wait_timeout_s": serving.batch_wait_timeout_s}
     quiet = {"log_level": "WARNING", "enable_access_log": False}  # a log line per call costs a hop's worth of CPU
     model = {
         "ray_actor_options": {"num_gpus": serving.num_gpus, "num_cpus": 0 if serving.num_gpus else 0.5},
-        "max_ongoing_requests": max(4 * serving.max_batch_size, serving.max_concurrency),
+        "max_ongoing_requests": 16,  # a step sends each method one call; releases and health checks come beside
         "logging_config": quiet,
     }
     handles = {}
     if {"drafter", "drafter_bidirectional"} & set(cfg.models):
-        handles["drafter"] = DrafterDeployment.options(**model).bind(config, **batching)
+        handles["drafter"] = DrafterDeployment.options(**model).bind(config)
     if "guider" in cfg.models:
-        handles["guider"] = GuiderDeployment.options(**model).bind(config, "guider", **batching)
+        handles["guider"] = GuiderDeployment.options(**model).bind(config, "guider")
     if "ar" in cfg.models:
-        handles["ar"] = GuiderDeployment.options(name="ar", **model).bind(config, "ar", **batching)
+        handles["ar"] = GuiderDeployment.options(name="ar", **model).bind(config, "ar")
     if "filter" in cfg.models:
-        filter_options = {**model, "ray_actor_options": {"num_cpus": 0}}
-        handles["filter"] = FilterDeployment.options(**filter_options).bind(config, **batching)
+        handles["filter"] = FilterDeployment.options(**{**model, "ray_actor_options": {"num_cpus": 0}}).bind(config)
     orchestrator = {"ray_actor_options": {"num_cpus": 0.5}, "logging_config": quiet, "max_ongoing_requests": 1000}
     return Orchestrator.options(**orchestrator).bind(config, **handles)

@@ -1,29 +1,27 @@
-"""What the gRPC server decodes with: the backend boundary and its in-process implementation over the Engine.
-
-A backend validates a request, runs it, and hands its commits to the caller's event loop; a distributed backend
-(Ray Serve handles) implements the same `Backend` protocol and the server does not change.
-"""
+"""What the gRPC server decodes with: an engine whose steps one asyncio task drives. Handlers only queue requests
+and read their output queues; no request has a thread of its own. The same backend serves the in-process engine
+(`dlm serve --local`, tests) and the engine over Ray Serve deployments (services/orchestrator/app.py)."""
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from threading import Event as Flag
-from typing import Protocol
 from uuid import uuid4
 
-from services.common.proposal import Committed
 from services.common.request import Request
 from services.common.sampling import SamplingParams
-from services.orchestrator.admission import KVAdmission
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine import AlreadyExists, Engine, Output
 from services.orchestrator.strategies import STRATEGIES, make_params
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AlreadyExists", "EngineBackend", "Event", "Job", "ModelInfo", "Spec"]
 
 
 @dataclass(slots=True)
 class Spec:
-    """A generation request in the backend's terms; the backend validates it in `open`."""
+    """A generation request in the backend's terms; the engine validates it in `open`."""
 
     prompt: str | list[int]
     max_new_tokens: int | None = None
@@ -52,128 +50,81 @@ class ModelInfo:
     default_max_new_tokens: int
 
 
-class Job(Protocol):
-    request_id: str
-    prompt_tokens: int
-    finish_reason: str | None  # eos, length, cancelled, deadline; set once events are exhausted
+class Job:
+    """One request's output queue: the driver puts each round's commits, and its end."""
 
-    def events(self) -> AsyncIterator[Event]: ...
-    def cancel(self, reason: str = "cancelled") -> None: ...
-    def stats(self) -> dict: ...
-
-
-class Backend(Protocol):
-    ready: bool
-
-    async def start(self) -> None: ...  # load every model
-    async def open(self, spec: Spec) -> Job: ...  # ValueError names the bad field
-    def decode_text(self, ids: list[int]) -> str: ...
-    def strategies(self) -> dict[str, dict]: ...
-    def model_info(self) -> ModelInfo: ...
-    def live(self) -> list[str]: ...  # ids of requests holding state
-    async def shutdown(self) -> None: ...
-
-
-_END = object()
-
-
-class AlreadyExists(Exception):
-    pass
-
-
-class LocalJob:
-    """One request decoding on a worker thread; its commits cross to the event loop through a queue."""
-
-    def __init__(self, req: Request, rounds: Iterator[Committed], deadline: float | None):
-        self.req, self.rounds, self.deadline = req, rounds, deadline
+    def __init__(self, engine: Engine, req: Request):
+        self.engine, self.req = engine, req
         self.request_id, self.prompt_tokens = req.id, req.prompt_len
-        self.stopping, self.stop_reason = Flag(), "cancelled"
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[Output] = asyncio.Queue()
 
     @property
     def finish_reason(self) -> str | None:
-        return self.req.finish_reason or (self.stop_reason if self.stopping.is_set() else None)
+        return self.req.finish_reason
 
     def cancel(self, reason: str = "cancelled") -> None:
-        if not self.stopping.is_set():
-            self.stop_reason = reason
-            self.stopping.set()
+        self.engine.abort(self.request_id, reason)
 
     def stats(self) -> dict:
         return self.req.stats.to_dict()
 
-    def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the event loop is gone: nobody is listening
-            pass
-
-    def run(self) -> None:
-        """Worker thread: decode round by round until finished, cancelled or past the deadline."""
-        try:
-            while not self.stopping.is_set():
-                if self.deadline is not None and time.monotonic() > self.deadline:
-                    self.cancel("deadline")
-                    break
-                event = next(self.rounds, None)
-                if event is None:
-                    break
-                self.put(Event(event.ids, event.spans, time.perf_counter() - self.req.stats.start_s))
-        except Exception as e:  # handed to the caller, who reports it
-            self.put(e)
-        finally:
-            self.rounds.close()  # the loop's finally releases every stage's per-request state
-
     async def events(self) -> AsyncIterator[Event]:
-        while (item := await self.queue.get()) is not _END:
-            if isinstance(item, Exception):
-                raise item
-            yield item
+        while True:
+            out = await self.queue.get()
+            if out.error is not None:
+                raise out.error
+            if out.event.ids or out.event.spans or out.event.finish_reason is None:
+                yield Event(out.event.ids, out.event.spans, time.perf_counter() - self.req.stats.start_s)
+            if out.event.finish_reason is not None:
+                return
 
 
-class LocalBackend:
-    """The in-process Engine, each request decoded on a thread of a bounded pool."""
-
-    def __init__(self, engine: Engine, max_concurrency: int = 16, admission: KVAdmission | None = None):
+class EngineBackend:
+    def __init__(self, engine: Engine):
         self.engine = engine
-        self.admission = admission  # KV budget and cache index; None: admit everything, index nothing
-        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="dlm-decode")
-        self.jobs: dict[str, LocalJob] = {}
+        self.jobs: dict[str, Job] = {}
         self.ready = False
-
-    def load(self) -> None:
-        for role in self.engine.config.models:
-            if role == "filter":
-                self.engine.models.filter()
-            else:
-                self.engine.models.load(role)
+        self.wake = asyncio.Event()
+        self.driver: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.pool, self.load)
+        """Load every model, then start driving steps."""
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.models.start)
         self.ready = True
+        self.driver = asyncio.create_task(self.drive())
 
-    async def open(self, spec: Spec) -> LocalJob:
-        if spec.request_id in self.jobs:
-            raise AlreadyExists(f"request_id {spec.request_id!r} is already decoding")
-        # tokenizer and stage set-up are quick; they stay on the event loop's thread, so never run concurrently
-        req = self.engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
-        rounds = self.engine.stream(req, spec.strategy, spec.params)
-        if self.admission is not None:
-            timeout = spec.deadline - time.monotonic() if spec.deadline is not None else None
-            await self.admission.admit(req, spec.strategy or self.engine.config.strategy, spec.params, timeout)
-            rounds = self.admission.track(req, rounds)
-        job = LocalJob(req, rounds, spec.deadline)
-        self.jobs[req.id] = job
-        self.pool.submit(self.run, job)
+    async def open(self, spec: Spec) -> Job:
+        """Queue a request; ValueError names a bad field, ResourceExhausted says the queue is full."""
+        engine = self.engine
+        req = engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
+        if req.id in self.jobs:
+            raise AlreadyExists(f"request_id {req.id!r} is already decoding")
+        engine.add(req, spec.strategy, spec.params, spec.deadline)
+        job = self.jobs[req.id] = Job(engine, req)
+        self.wake.set()
         return job
 
-    def run(self, job: LocalJob) -> None:
-        try:
-            job.run()
-        finally:
-            self.jobs.pop(job.request_id, None)
-            job.put(_END)
+    def emit(self, out: Output) -> None:
+        job = self.jobs.get(out.request_id)
+        if job is None:
+            return
+        job.queue.put_nowait(out)
+        if out.error is not None or out.event.finish_reason is not None:
+            del self.jobs[out.request_id]
+
+    async def drive(self) -> None:
+        """The one task that steps the engine while it has requests."""
+        while True:
+            if not self.engine.has_unfinished():
+                self.wake.clear()
+                await self.wake.wait()
+            try:
+                await self.engine.step_async(self.emit)
+            except Exception as e:  # a bug in the step itself: fail what runs rather than spin on it
+                log.exception("engine step failed")
+                for rid in list(self.engine.sequences):
+                    self.emit(self.engine.end(self.engine.sequences[rid], "error", e))
+                self.engine.flush_releases()
 
     def decode_text(self, ids: list[int]) -> str:
         return self.engine.decode_text(ids)
@@ -200,9 +151,14 @@ class LocalBackend:
         )
 
     def live(self) -> list[str]:
-        return list(self.jobs)
+        return list(self.engine.sequences)
 
     async def shutdown(self) -> None:
-        for job in list(self.jobs.values()):
-            job.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown)
+        """Every live request ends as cancelled at the next step; wait for the driver to deliver that."""
+        for rid in list(self.engine.sequences):
+            self.engine.abort(rid)
+        self.wake.set()
+        while self.jobs and self.driver is not None and not self.driver.done():
+            await asyncio.sleep(0.01)
+        if self.driver is not None:
+            self.driver.cancel()

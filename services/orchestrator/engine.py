@@ -1,65 +1,40 @@
-"""In-process engine: loads the configured models once and decodes requests with any named strategy."""
+"""The engine: a scheduler and its step. `step()` advances every running request one round, with one batched host
+call per stage (services/orchestrator/loop.py); a request alone is a batch of one. The library, the CLI, the
+benchmarks and the gRPC server all decode through it; served, the hosts are Ray Serve deployments
+(services/orchestrator/async_engine.py)."""
 
+import asyncio
 import itertools
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig
-from services.common.models import LoadedModel, ModelMeta, load_model
 from services.common.proposal import Committed
 from services.common.request import Request
 from services.common.sampling import SamplingParams
-from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
-from services.dlm_drafter.causal import CausalDrafter
-from services.filter.model import Learn2PDFilter
-from services.orchestrator.loop import decode
+from services.orchestrator.loop import Rounds, one_round, run
+from services.orchestrator.pool import ModelPool
+from services.orchestrator.scheduler import Admission, Scheduler, Sequence, TokenAdmission
 from services.orchestrator.strategies import make_params
 
-
-class ModelPool:
-    """Loads each role's model on first use; hands out stage components around them."""
-
-    def __init__(self, config: EngineConfig):
-        self.config = config
-        self.loaded: dict[str, LoadedModel] = {}
-        self.filter_model: Learn2PDFilter | None = None
-
-    def load(self, role: str) -> LoadedModel:
-        if role not in self.loaded:
-            reordered = role == "drafter"
-            self.loaded[role] = load_model(self.config.path(role), self.config.device, self.config.dtype, reordered)
-        return self.loaded[role]
-
-    def drafter(self, family: str, cache: str = "none", smoothing: Smoothing | None = None, logits: bool = False):
-        """logits: whether proposals must carry the full distribution (in process they always do)."""
-        if family == "causal":
-            return CausalDrafter(self.load("drafter"))
-        return BidirectionalDrafter(self.load("drafter_bidirectional"), cache, smoothing)
-
-    def guider(self) -> Guider:
-        return Guider(self.load("guider"))
-
-    def autoregressive(self, role: str) -> Guider:
-        return Guider(self.load(role), role="guider" if role == "guider" else "drafter")
-
-    def filter(self) -> Learn2PDFilter:
-        if self.filter_model is None:
-            self.filter_model = Learn2PDFilter.load(self.config.path("filter"))
-        return self.filter_model
-
-    def meta(self) -> ModelMeta:
-        return self.load(first_role(self.config)).meta
+Prompt = str | list[int]
 
 
-def first_role(config: EngineConfig) -> str:
-    """The model whose tokenizer the engine speaks: all roles share one tokenizer."""
-    for role in ("drafter", "drafter_bidirectional", "guider", "ar"):
-        if role in config.models:
-            return role
-    raise ValueError("config names no model (models.drafter, models.guider, ...)")
+class AlreadyExists(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Output:
+    """What one step did for one request: its round's commits, or how it ended without one."""
+
+    request_id: str
+    event: Committed
+    error: BaseException | None = None
 
 
 @dataclass(slots=True)
@@ -71,12 +46,18 @@ class Result:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, models=None):
+    def __init__(self, config: EngineConfig, models=None, admission: Admission | None = None):
         if config.threads:
             torch.set_num_threads(config.threads)
         self.config = config
-        self.models = models or ModelPool(config)  # or a pool of remote stage components (services)
+        self.models = models or ModelPool(config)  # or the Serve deployments (RemoteHosts)
+        serving = config.serving
+        admission = admission or TokenAdmission(serving.kv_budget_tokens)
+        self.scheduler = Scheduler(admission, serving.max_concurrency, serving.max_queue)
+        self.sequences: dict[str, Sequence] = {}
+        self.releases: dict[str, list[str]] = {}  # role -> ended requests whose KV it still holds
         self.ids = itertools.count()
+        self.worker: ThreadPoolExecutor | None = None  # step_async's thread: the event loop stays free
 
     @property
     def tokenizer(self):
@@ -95,11 +76,12 @@ class Engine:
 
     def request(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
     ) -> Request:
+        """Encode and check a prompt: ValueError names what is wrong."""
         base = self.models.meta()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -120,24 +102,145 @@ class Engine:
         rid = request_id or f"req-{next(self.ids)}"
         return Request(rid, ids, max_new, mask_id, base.eos_id, sampling or SamplingParams())
 
-    def stream(self, req: Request, strategy: str | None = None, params: dict | None = None) -> Iterator[Committed]:
+    def add(self, req: Request, strategy: str | None = None, params: dict | None = None, deadline=None) -> Sequence:
+        """Queue a request with its strategy; ValueError names a bad parameter, ResourceExhausted a full queue."""
         name = strategy or self.config.strategy
         overrides = {**self.config.strategies.get(name, {}), **(params or {})}
         stages = make_params(name, overrides).build(self.models)
-        return decode(req, stages)
+        if req.id in self.sequences:
+            raise AlreadyExists(f"request_id {req.id!r} is already decoding")
+        seq = Sequence(req, stages, name, overrides, deadline)
+        self.scheduler.add(seq)
+        self.sequences[req.id] = seq
+        return seq
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        strategy: str | None = None,
+        params: dict | None = None,
+        max_new_tokens: int | None = None,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        req = self.request(prompt, max_new_tokens, sampling, request_id)
+        self.add(req, strategy, params)
+        return req
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """Any thread: the request ends with `reason` at the start of the next step."""
+        seq = self.sequences.get(request_id)
+        if seq is not None and seq.stop_reason is None:
+            seq.stop_reason = reason
+
+    def has_unfinished(self) -> bool:
+        return bool(self.sequences)
+
+    def step(self) -> list[Output]:
+        ended, rounds = self.begin_step()
+        run(rounds, self.models.execute)
+        return ended + self.end_step(rounds)
+
+    async def step_async(self, emit: Callable[[Output], None]) -> None:
+        """One step on a worker thread, so that the event loop serving clients never waits on a forward."""
+        if self.worker is None:
+            self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-step")
+        for out in await asyncio.get_running_loop().run_in_executor(self.worker, self.step):
+            emit(out)
+
+    def begin_step(self) -> tuple[list[Output], Rounds]:
+        now = time.monotonic()
+        ended = [
+            self.end(seq, seq.stop_reason or "deadline")
+            for seq in list(self.sequences.values())
+            if seq.stop_reason or (seq.deadline is not None and now > seq.deadline)
+        ]
+        running = self.scheduler.schedule()
+        return ended, Rounds({seq.req.id: (seq.req, one_round(seq.req, seq.stages)) for seq in running})
+
+    def end_step(self, rounds: Rounds) -> list[Output]:
+        outputs = []
+        for rid, result in rounds.done.items():
+            seq = self.sequences.get(rid)
+            if seq is None:
+                continue  # ended while its round was out (a deadline)
+            if isinstance(result, BaseException):
+                outputs.append(self.end(seq, "error", result))
+                continue
+            self.scheduler.admission.progress(seq)
+            outputs.append(Output(rid, result))
+            if seq.req.finished:
+                self.end(seq)
+        self.flush_releases()
+        return outputs
+
+    def end(self, seq: Sequence, reason: str | None = None, error: BaseException | None = None) -> Output:
+        """Take a request out: its budget, and (at the step's end) its KV on every host that holds it."""
+        req = seq.req
+        self.scheduler.finish(seq)
+        del self.sequences[req.id]
+        for role in seq.stages.roles:
+            self.releases.setdefault(role, []).append(req.id)
+        if reason is not None:
+            req.finish_reason = reason
+        req.stats.finish()
+        return Output(req.id, Committed([], [], req.finish_reason), error)
+
+    def flush_releases(self) -> None:
+        releases, self.releases = self.releases, {}
+        for role, ids in releases.items():
+            self.models.release(role, ids)
+
+    def stream(self, req: Request, strategy: str | None = None, params: dict | None = None) -> Iterator[Committed]:
+        """Queue one request (ValueError now, for a bad strategy or parameter) and decode it to its end."""
+        self.add(req, strategy, params)
+        return self.events(req)
+
+    def events(self, req: Request) -> Iterator[Committed]:
+        """Step until the request ends, yielding its commits round by round. Requests added before it advance too;
+        their outputs are not kept: a caller with several requests uses step()."""
+        try:
+            while req.id in self.sequences:
+                for out in self.step():
+                    if out.request_id == req.id:
+                        if out.error is not None:
+                            raise out.error
+                        yield out.event
+        finally:
+            self.cancel([req])
+
+    def cancel(self, reqs: list[Request]) -> None:
+        """End these requests now if they still run (the caller stopped listening)."""
+        for req in reqs:
+            if req.id in self.sequences:
+                self.end(self.sequences[req.id], "cancelled")
+        self.flush_releases()
 
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: Prompt | list[Prompt],
         strategy: str | None = None,
         params: dict | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
         on_commit: Callable[[Committed], None] | None = None,
-    ) -> Result:
-        req = self.request(prompt, max_new_tokens, sampling)
-        for event in self.stream(req, strategy, params):
-            if on_commit:
-                on_commit(event)
-        ids = req.output_ids()
-        return Result(self.decode_text(ids), ids, req.finish_reason, req.stats.to_dict())
+    ) -> Result | list[Result]:
+        """Decode one prompt, or a list of prompts batched together (each with its own RNG seeded from sampling)."""
+        many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        reqs = [self.request(p, max_new_tokens, sampling) for p in (prompt if many else [prompt])]
+        for req in reqs:
+            self.add(req, strategy, params)
+        ids = {req.id for req in reqs}
+        try:
+            while any(req.id in self.sequences for req in reqs):
+                for out in self.step():
+                    if out.error is not None and out.request_id in ids:
+                        raise out.error
+                    if on_commit and out.request_id in ids:
+                        on_commit(out.event)
+        finally:
+            self.cancel(reqs)
+        results = [
+            Result(self.decode_text(r.output_ids()), r.output_ids(), r.finish_reason, r.stats.to_dict()) for r in reqs
+        ]
+        return results if many else results[0]

@@ -89,7 +89,7 @@ def evaluate(
 def mask_accuracy(engine: Engine, ratios=(0.25, 0.5, 0.75), n: int = 20, seed: int = 0) -> dict[str, float]:
     """The causal drafter's one-forward MDM accuracy on held-out task responses with a fraction of tokens masked:
     observed tokens stand before the masks (topological reordering), every prediction scored against the truth."""
-    drafter = engine.models.drafter("causal")
+    drafter = engine.models.host("drafter")
     generator = torch.Generator().manual_seed(seed)
     out = {}
     for ratio in ratios:
@@ -102,9 +102,9 @@ def mask_accuracy(engine: Engine, ratios=(0.25, 0.5, 0.75), n: int = 20, seed: i
                 masked[torch.randint(len(truth), (1,), generator=generator)] = True  # at least one
                 seen, hidden = (~masked).nonzero().squeeze(-1), masked.nonzero().squeeze(-1)
                 ids = torch.cat([torch.tensor(truth)[seen], torch.full((len(hidden),), req.mask_id)])
-                logits = drafter.forward(req, ids, torch.cat([seen, hidden]))[len(seen) :]
+                logits = drafter.forward([(req, ids, torch.cat([seen, hidden]), None)])[0].value[len(seen) :]
                 right += int((logits.argmax(-1).cpu() == torch.tensor(truth)[hidden]).sum())
                 total += len(hidden)
-                drafter.release(req.id)
+                drafter.release([req.id])
         out[str(ratio)] = right / total
     return out

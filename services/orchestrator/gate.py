@@ -6,7 +6,6 @@ import torch
 
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
-from services.filter.model import Learn2PDFilter
 
 
 def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decision:
@@ -114,20 +113,14 @@ class EntropyWindow:
 
 
 class FilterGate:
-    """Learn2PD (004 Alg. 2): the filter scores the block's confidences; decided positions count as certain."""
+    """Learn2PD (004 Alg. 2): accept the proposals whose filter score (the verdict of FilterVerify) clears the
+    threshold."""
 
-    def __init__(self, model: Learn2PDFilter, threshold: float):
-        self.model, self.threshold = model, threshold
+    def __init__(self, threshold: float):
+        self.threshold = threshold
 
-    def scores(self, req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
-        confidence = torch.ones(region.end - region.start)
-        confidence[proposal.positions - region.start] = proposal.probs
-        req.stats.filter_calls += 1
-        return self.model.accept_probs(confidence, req.id)[proposal.positions - region.start]
-
-    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        score = self.scores(req, region, proposal)
-        return pick(proposal, score > self.threshold, score)
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
+        return pick(proposal, verdict.filter_scores > self.threshold, verdict.filter_scores)
 
 
 class GuiderAgreement:

@@ -1,20 +1,44 @@
-"""Propose stage for plain AR decoding: the next token of any causal LM (drafter proposals come from drafters)."""
+"""Propose stage: a model fills the region's masked positions. Each proposer is a generator stage: it yields the call
+it needs and gets the Proposal back from the step's batched call (services/common/calls.py)."""
+
+from dataclasses import dataclass
 
 import torch
 
-from services.ar_guider.guider import Guider
+from services.common.calls import Call, Stage
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
+from services.dlm_drafter.bidirectional import Smoothing
 
 
+@dataclass(frozen=True, slots=True)
+class CausalPropose:
+    keep_logits: bool = False  # the full distribution comes back only for gates that fuse it (credit)
+
+    def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
+        (proposal,) = yield [Call("drafter", "propose", (req, region, self.keep_logits))]
+        return proposal
+
+
+@dataclass(frozen=True, slots=True)
+class BidirectionalPropose:
+    cache: str
+    smoothing: Smoothing | None = None
+    keep_logits: bool = False
+
+    def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
+        args = (req, region, self.cache, self.smoothing, self.keep_logits)
+        (proposal,) = yield [Call("drafter", "propose_bidirectional", args)]
+        return proposal
+
+
+@dataclass(frozen=True, slots=True)
 class ARPropose:
-    def __init__(self, model: Guider):
-        self.model = model
+    """Plain AR decoding: the next token of a causal LM (role ar, guider, or drafter_ar: the causal drafter)."""
 
-    def __call__(self, req: Request, region: Region) -> Proposal:
+    role: str
+
+    def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
         start = req.frontier
-        logits = self.model.forward(req, start, torch.empty(0, dtype=torch.long))  # [1, V]
+        (logits,) = yield [Call(self.role, "forward", (req, start, torch.empty(0, dtype=torch.long)))]  # [1, V]
         return propose_from_logits(torch.tensor([start]), logits, req.sampling, req.generator, req.mask_id)
-
-    def release(self, request_id: str) -> None:
-        self.model.release(request_id)

@@ -160,7 +160,6 @@ def serve_local(
     port: int = 50051,
     device: str | None = None,
     dtype: str | None = None,
-    max_concurrency: int = 16,
 ) -> int:
     """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM."""
     import asyncio
@@ -168,12 +167,12 @@ def serve_local(
 
     from services.common.config import EngineConfig
     from services.orchestrator.admission import local_admission
-    from services.orchestrator.backend import LocalBackend
+    from services.orchestrator.backend import EngineBackend
     from services.orchestrator.engine import Engine
     from services.orchestrator.server import Limits, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(EngineConfig.from_yaml(config_path, device=device, dtype=dtype))
-    backend = LocalBackend(engine, max_concurrency, local_admission(engine.config.serving))
+    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype)
+    backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
     asyncio.run(serve(backend, f"{host}:{port}", Limits()))
     return 0

@@ -13,9 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.sampling import SamplingParams
-from services.orchestrator.admission import ResourceExhausted
-from services.orchestrator.backend import AlreadyExists, Backend, Job, Spec
+from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.detok import TextStream
+from services.orchestrator.scheduler import ResourceExhausted
 from services.orchestrator.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
 
 
 class DlmServicer(rpc.DlmServiceServicer):
-    def __init__(self, backend: Backend, limits: Limits):
+    def __init__(self, backend: EngineBackend, limits: Limits):
         self.backend, self.limits = backend, limits
 
     async def open(self, request, context) -> Job:
@@ -185,7 +185,7 @@ def chunk(text: str, ids: list[int], sent: int, rounds: int):
 class Server:
     """DlmService + health + reflection on one port; models load in the background, health says when done."""
 
-    def __init__(self, backend: Backend, limits: Limits | None = None):
+    def __init__(self, backend: EngineBackend, limits: Limits | None = None):
         self.backend, self.limits = backend, limits or Limits()
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -226,7 +226,7 @@ class Server:
         await self.server.stop(grace)
 
 
-async def serve(backend: Backend, address: str, limits: Limits | None = None) -> None:
+async def serve(backend: EngineBackend, address: str, limits: Limits | None = None) -> None:
     """Run until SIGINT / SIGTERM; fails if a model does not load."""
     server = Server(backend, limits)
     port = await server.start(address)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.calls import Call, Stage
 from services.common.proposal import Decision, Proposal, Region, Verdict, propose_from_logits
 from services.common.request import Request
-from services.dlm_drafter.causal import CausalDrafter
+from services.orchestrator.propose import CausalPropose
 
 
 @dataclass(slots=True)
@@ -30,33 +31,38 @@ class SlotWork:
         return torch.cat([torch.arange(s, s + len(d)) for s, d in zip(self.starts, self.drafts, strict=True)])
 
 
-class SlotPropose:
-    def __init__(self, drafter: CausalDrafter, slot_size: int, slot_threshold: float):
-        self.drafter, self.k, self.tau_slot = drafter, slot_size, slot_threshold
+def drafter_forward(req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None) -> Call:
+    return Call("drafter", "forward", (req, ids, positions, groups))
 
-    def __call__(self, req: Request, region: Region) -> Proposal:
+
+@dataclass(frozen=True, slots=True)
+class SlotPropose:
+    slot_size: int
+    slot_threshold: float
+
+    def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
         work: SlotWork | None = req.state.get("slots")
         if work is None:
-            return self.select(req, region)
-        return self.complete(req, work)
+            return (yield from self.select(req, region))
+        return (yield from self.complete(req, work))
 
-    def select(self, req: Request, region: Region) -> Proposal:
-        proposal = self.drafter.propose(req, region)
-        first = (proposal.positions - region.start) % self.k == 0
+    def select(self, req: Request, region: Region) -> Stage[Proposal]:
+        proposal = yield from CausalPropose()(req, region)
+        first = (proposal.positions - region.start) % self.slot_size == 0
         scores = proposal.probs[first]
-        chosen = scores > self.tau_slot
+        chosen = scores > self.slot_threshold
         if not chosen.any():
             chosen[scores.argmax()] = True
         draft = req.tokens.clone()
         draft[proposal.positions] = proposal.ids
         starts = proposal.positions[first][chosen].tolist()
-        ends = [min(s + self.k, region.end) for s in starts]
+        ends = [min(s + self.slot_size, region.end) for s in starts]
         req.state["slots"] = SlotWork(
             starts, [draft[s:e] for s, e in zip(starts, ends, strict=True)], scores[chosen].tolist(), [0] * len(starts)
         )
         return proposal
 
-    def complete(self, req: Request, work: SlotWork) -> Proposal:
+    def complete(self, req: Request, work: SlotWork) -> Stage[Proposal]:
         """Re-predict, from masks, every slot's suffix past its verified prefix; slots do not see each other."""
         if work.fresh:
             work.fresh = False
@@ -68,7 +74,7 @@ class SlotPropose:
             masked.append(torch.arange(len(draft)) >= valid)
         positions = work.positions()
         masked = torch.cat(masked)
-        logits = self.drafter.forward(req, torch.cat(ids), positions, torch.cat(groups))
+        (logits,) = yield [drafter_forward(req, torch.cat(ids), positions, torch.cat(groups))]
         proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.generator, req.mask_id)
         filled = torch.cat(ids)
         filled[masked] = proposal.ids
@@ -89,14 +95,11 @@ def empty_proposal() -> Proposal:
 class SlotVerify:
     """The drafter itself, causally: the output at draft token j gives the probability of token j + 1."""
 
-    def __init__(self, drafter: CausalDrafter):
-        self.drafter = drafter
-
-    def __call__(self, req: Request, region: Region, proposal: Proposal) -> Verdict:
+    def __call__(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
         work: SlotWork = req.state["slots"]
         draft, positions = torch.cat(work.drafts), work.positions()
         groups = torch.cat([torch.full((len(d),), i) for i, d in enumerate(work.drafts)])
-        logits = self.drafter.forward(req, draft, positions, groups if work.completing else None)
+        (logits,) = yield [drafter_forward(req, draft, positions, groups if work.completing else None)]
         probs = torch.softmax(logits, -1).cpu()  # [T, V]
         draft_probs = torch.empty(len(draft))
         draft_probs[1:] = probs[:-1].gather(-1, draft[1:, None]).squeeze(-1)

@@ -9,10 +9,12 @@ and the Learn2PD filter keeping drafts as context.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
+from services.common.calls import Stage
 from services.common.params import parse_value
 from services.common.proposal import Decision, Proposal, Region, Verdict
+from services.common.request import Request
 from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing
 from services.orchestrator.commit import Commit
 from services.orchestrator.gate import (
@@ -25,22 +27,43 @@ from services.orchestrator.gate import (
     Threshold,
     TopN,
 )
-from services.orchestrator.propose import ARPropose
+from services.orchestrator.propose import ARPropose, BidirectionalPropose, CausalPropose
 from services.orchestrator.slots import SlotGate, SlotPropose, SlotVerify
-from services.orchestrator.verify import GuiderVerify
+from services.orchestrator.verify import FilterVerify, GuiderVerify
+
+Propose = Callable[[Request, Region], Stage[Proposal]]
+Verify = Callable[[Request, Region, Proposal], Stage[Verdict]]
+Gate = Callable[[Request, Region, Proposal, Verdict | None], Decision]
+
+
+class Catalog(Protocol):
+    """What building a strategy needs to know of the models being served."""
+
+    roles: frozenset[str]  # the configured model roles, and drafter_ar where the causal drafter decodes AR
+
+    def filter_block_size(self) -> int: ...
 
 
 @dataclass(slots=True)
 class Stages:
-    propose: Callable[..., Proposal]
-    gate: Callable[..., Decision]
+    propose: Propose
+    gate: Gate
     commit: Commit
-    verify: Callable[..., Verdict] | None = None
-    holders: tuple = ()  # components keeping per-request state (KV caches)
+    verify: Verify | None = None
+    roles: tuple[str, ...] = ()  # hosts keeping this request's KV, released when it ends
 
-    def release(self, request_id: str) -> None:
-        for holder in self.holders:
-            holder.release(request_id)
+
+def need(catalog: Catalog, *roles: str) -> None:
+    for role in roles:
+        if role not in catalog.roles:
+            served = sorted(catalog.roles)
+            raise ValueError(f"model {role!r} is not served here (served: {served})")
+
+
+def check_filter_block(catalog: Catalog, name: str, size: int) -> None:
+    need(catalog, "filter")
+    if size > catalog.filter_block_size():
+        raise ValueError(f"{name} {size} exceeds the filter's block of {catalog.filter_block_size()}")
 
 
 def check_prob(name: str, value: float) -> None:
@@ -68,9 +91,10 @@ class ARParams:
     def __post_init__(self):
         check_choice("model", self.model, ("ar", "guider", "drafter"))
 
-    def build(self, models) -> Stages:
-        model = models.autoregressive(self.model)
-        return Stages(ARPropose(model), AcceptAll(), Commit("window", 1), holders=(model,))
+    def build(self, catalog: Catalog) -> Stages:
+        role = "drafter_ar" if self.model == "drafter" else self.model
+        need(catalog, role)
+        return Stages(ARPropose(role), AcceptAll(), Commit("window", 1), roles=(role,))
 
 
 @dataclass(slots=True)
@@ -85,12 +109,15 @@ class BlockParams:
         check_positive("block_size", self.block_size)
         check_choice("cache", self.cache, CACHE_MODES)
 
-    def drafter_for(self, models, logits: bool = False):
-        return models.drafter(self.drafter, self.cache, Smoothing() if self.smoothing else None, logits)
+    def proposer(self, catalog: Catalog, keep_logits: bool = False) -> Propose:
+        need(catalog, "drafter" if self.drafter == "causal" else "drafter_bidirectional")
+        if self.drafter == "causal":
+            return CausalPropose(keep_logits)
+        return BidirectionalPropose(self.cache, Smoothing() if self.smoothing else None, keep_logits)
 
-    def stages(self, models, gate) -> Stages:
-        drafter = self.drafter_for(models)
-        return Stages(drafter.propose, gate, Commit("block", self.block_size), holders=(drafter,))
+    def stages(self, catalog: Catalog, gate: Gate, verify: Verify | None = None, *roles: str) -> Stages:
+        commit = Commit("block", self.block_size)
+        return Stages(self.proposer(catalog), gate, commit, verify, ("drafter", *roles))
 
 
 @dataclass(slots=True)
@@ -101,8 +128,8 @@ class MDMParams(BlockParams):
         BlockParams.__post_init__(self)
         check_positive("steps_per_block", self.steps_per_block)
 
-    def build(self, models) -> Stages:
-        return self.stages(models, TopN(self.steps_per_block))
+    def build(self, catalog: Catalog) -> Stages:
+        return self.stages(catalog, TopN(self.steps_per_block))
 
 
 @dataclass(slots=True)
@@ -115,8 +142,8 @@ class ThresholdParams(BlockParams):
         BlockParams.__post_init__(self)
         check_prob("threshold", self.threshold)
 
-    def build(self, models) -> Stages:
-        return self.stages(models, Threshold(self.threshold))
+    def build(self, catalog: Catalog) -> Stages:
+        return self.stages(catalog, Threshold(self.threshold))
 
 
 @dataclass(slots=True)
@@ -134,10 +161,10 @@ class CreditParams(BlockParams):
         if self.alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
 
-    def build(self, models) -> Stages:
-        drafter = self.drafter_for(models, logits=True)  # credits fuse the whole distribution
+    def build(self, catalog: Catalog) -> Stages:
+        propose = self.proposer(catalog, keep_logits=True)  # credits fuse the whole distribution
         gate = Credit(self.threshold, self.beta, self.gamma, self.alpha)
-        return Stages(drafter.propose, gate, Commit("block", self.block_size), holders=(drafter,))
+        return Stages(propose, gate, Commit("block", self.block_size), roles=("drafter",))
 
 
 @dataclass(slots=True)
@@ -152,8 +179,8 @@ class HierarchicalParams(BlockParams):
         check_prob("threshold", self.threshold)
         check_prob("low_threshold", self.low_threshold)
 
-    def build(self, models) -> Stages:
-        return self.stages(models, Hierarchical(self.threshold, self.low_threshold))
+    def build(self, catalog: Catalog) -> Stages:
+        return self.stages(catalog, Hierarchical(self.threshold, self.low_threshold))
 
 
 @dataclass(slots=True)
@@ -164,11 +191,9 @@ class Learn2PDParams(BlockParams):
         BlockParams.__post_init__(self)
         check_prob("filter_threshold", self.filter_threshold)
 
-    def build(self, models) -> Stages:
-        filt = models.filter()
-        if self.block_size > filt.config.block_size:
-            raise ValueError(f"block_size {self.block_size} exceeds the filter's block of {filt.config.block_size}")
-        return self.stages(models, FilterGate(filt, self.filter_threshold))
+    def build(self, catalog: Catalog) -> Stages:
+        check_filter_block(catalog, "block_size", self.block_size)
+        return self.stages(catalog, FilterGate(self.filter_threshold), FilterVerify())
 
 
 @dataclass(slots=True)
@@ -182,15 +207,10 @@ class GuidedParams(BlockParams):
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
 
-    def build(self, models) -> Stages:
-        drafter, guider = self.drafter_for(models), models.guider()
-        return Stages(
-            drafter.propose,
-            GuiderAgreement(self.top_k_match, self.guidance_threshold, bonus_token=False),
-            Commit("block", self.block_size),
-            GuiderVerify(guider, self.top_k_match),
-            holders=(drafter, guider),
-        )
+    def build(self, catalog: Catalog) -> Stages:
+        need(catalog, "guider")
+        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, bonus_token=False)
+        return self.stages(catalog, gate, GuiderVerify(self.top_k_match), "guider")
 
 
 @dataclass(slots=True)
@@ -208,14 +228,14 @@ class SlotParams:
         check_prob("slot_threshold", self.slot_threshold)
         check_prob("token_threshold", self.token_threshold)
 
-    def build(self, models) -> Stages:
-        drafter = models.drafter("causal")
+    def build(self, catalog: Catalog) -> Stages:
+        need(catalog, "drafter")
         return Stages(
-            SlotPropose(drafter, self.slot_size, self.slot_threshold),
+            SlotPropose(self.slot_size, self.slot_threshold),
             SlotGate(self.token_threshold),
             Commit("block", self.block_size, order="slot"),
-            SlotVerify(drafter),
-            holders=(drafter,),
+            SlotVerify(),
+            roles=("drafter",),
         )
 
 
@@ -230,10 +250,10 @@ class StreamingParams:
         if self.entropy_threshold < 0 or self.distance_penalty < 0:
             raise ValueError("entropy_threshold and distance_penalty must be >= 0")
 
-    def build(self, models) -> Stages:
-        drafter = models.drafter("causal")
+    def build(self, catalog: Catalog) -> Stages:
+        need(catalog, "drafter")
         gate = EntropyWindow(self.entropy_threshold, self.distance_penalty)
-        return Stages(drafter.propose, gate, Commit("window", self.window), holders=(drafter,))
+        return Stages(CausalPropose(), gate, Commit("window", self.window), roles=("drafter",))
 
 
 @dataclass(slots=True)
@@ -250,13 +270,12 @@ class PipelineParams:
         check_prob("guidance_threshold", self.guidance_threshold)
         check_prob("filter_threshold", self.filter_threshold)
 
-    def build(self, models) -> Stages:
-        drafter, guider, filt = models.drafter("causal"), models.guider(), models.filter()
-        if self.window > filt.config.block_size:
-            raise ValueError(f"window {self.window} exceeds the filter's block of {filt.config.block_size}")
+    def build(self, catalog: Catalog) -> Stages:
+        need(catalog, "drafter", "guider")
+        check_filter_block(catalog, "window", self.window)
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
-        verify = GuiderVerify(guider, self.top_k_match, FilterGate(filt, self.filter_threshold))
-        return Stages(drafter.propose, gate, Commit("window", self.window), verify, holders=(drafter, guider))
+        verify = GuiderVerify(self.top_k_match, with_filter=True)
+        return Stages(CausalPropose(), gate, Commit("window", self.window), verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {

@@ -3,6 +3,7 @@
 import torch
 
 from services.ar_guider.guider import Guider
+from services.common.kv_manager import KVManager
 from services.common.models import load_model
 from services.common.proposal import Region
 from services.common.request import Request
@@ -20,12 +21,13 @@ def requests(loaded, tag: str) -> list[Request]:
 
 
 def test_drafter_batch_equals_single_forwards(tiny_zoo):
-    drafter = CausalDrafter(load_model(tiny_zoo["drafter"], reordered=True))
+    kv = KVManager(10**6)
+    drafter = CausalDrafter(load_model(tiny_zoo["drafter"], reordered=True), kv)
     single, batched = requests(drafter.loaded, "s"), requests(drafter.loaded, "b")
     for round_ in range(3):
         regions = [Region(0, 6), Region(0, 4)]
-        alone = [drafter.propose(r, g) for r, g in zip(single, regions, strict=True)]
-        together = drafter.propose_batch(list(zip(batched, regions, strict=True)))
+        alone = [drafter.propose_batch([(r, g)])[0][0] for r, g in zip(single, regions, strict=True)]
+        together = [p for p, _ in drafter.propose_batch(list(zip(batched, regions, strict=True)))]
         for a, b in zip(alone, together, strict=True):
             torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
             assert torch.equal(a.positions, b.positions) and torch.equal(a.ids, b.ids)
@@ -33,18 +35,18 @@ def test_drafter_batch_equals_single_forwards(tiny_zoo):
             reqs[round_ % 2].decide(alone[round_ % 2].positions[:1], alone[round_ % 2].ids[:1])
             reqs[round_ % 2].commit(alone[round_ % 2].positions[:1].tolist())
     for s, b in zip(single, batched, strict=True):
-        assert drafter.cached_tokens(s.id) == drafter.cached_tokens(b.id)
+        assert kv.held()[s.id] == kv.held()[b.id]
 
 
 def test_guider_batch_equals_single_forwards(tiny_zoo):
-    guider = Guider(load_model(tiny_zoo["guider"]))
+    guider = Guider(load_model(tiny_zoo["guider"]), KVManager(10**6))
     single, batched = requests(guider.loaded, "s"), requests(guider.loaded, "b")
     drafts = [torch.tensor([60, 61, 62]), torch.tensor([70])]
     for s, b in zip(single, batched, strict=True):
         s.decide(torch.arange(2), torch.tensor([8, 9]))
         b.decide(torch.arange(2), torch.tensor([8, 9]))
-    alone = [guider.verify(r, 2, d, 3) for r, d in zip(single, drafts, strict=True)]
-    together = guider.verify_batch([(r, 2, d) for r, d in zip(batched, drafts, strict=True)], 3)
+    alone = [guider.verify_batch([(r, 2, d, 3)])[0] for r, d in zip(single, drafts, strict=True)]
+    together = guider.verify_batch([(r, 2, d, 3) for r, d in zip(batched, drafts, strict=True)])
     for a, b in zip(alone, together, strict=True):
         torch.testing.assert_close(a.draft_probs, b.draft_probs, atol=1e-5, rtol=0)
         assert torch.equal(a.target, b.target) and torch.equal(a.topk, b.topk)

@@ -19,7 +19,7 @@ from services.common.config import EngineConfig
 from services.common.models import load_meta, load_model, make_bidirectional
 from services.common.proposal import Region, never_mask
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import BidirectionalDrafter
+from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, new_cache
 from services.orchestrator.engine import Engine
 from tests.tiny import tokenizer
 
@@ -379,6 +379,10 @@ def test_dream_round_trip_equals_native_qwen2(ckpt):
     torch.testing.assert_close(got, bidirectional_logits(ckpt["native"]["dream"], IDS), atol=1e-5, rtol=0)
 
 
+def propose(drafter: BidirectionalDrafter, req: Request, region: Region, state, cache: str):
+    return drafter.propose_batch([BidirectionalCall(req, region, state, cache, None)])[0][0]
+
+
 def dream_request(loaded) -> Request:
     req = Request("r", [5, 9, 11, 7], 16, loaded.mask_id, loaded.eos_id)
     req.decide(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 13]), torch.tensor([30, 31, 32, 33, 34, 35, 36, 37, 50]))
@@ -389,7 +393,7 @@ def test_dream_shift_is_honoured(ckpt):
     """A block's prediction for position i is the full forward's output at i - 1, not at i."""
     loaded = load_model(ckpt["paths"]["dream"])
     req, region = dream_request(loaded), Region(8, 16)
-    proposal = BidirectionalDrafter(loaded).propose(req, region)
+    proposal = propose(BidirectionalDrafter(loaded), req, region, new_cache(), "none")
     seq = torch.tensor(req.prompt_ids + req.tokens.tolist())[None]
     with torch.no_grad():
         full = never_mask(loaded.model(input_ids=seq).logits[0].float(), loaded.mask_id)
@@ -403,11 +407,11 @@ def test_dream_shift_is_honoured(ckpt):
 def test_dream_cached_block_forward_matches_full_forward(ckpt, cache):
     """The window reaches one position before the block: cached forwards still equal the uncached one."""
     loaded = load_model(ckpt["paths"]["dream"])
-    full, cached = BidirectionalDrafter(loaded, "none"), BidirectionalDrafter(loaded, cache)
-    reference = full.propose(dream_request(loaded), Region(8, 16)).logits
+    drafter, state = BidirectionalDrafter(loaded), new_cache()
+    reference = propose(drafter, dream_request(loaded), Region(8, 16), new_cache(), "none").logits
     req = dream_request(loaded)
-    first = cached.propose(req, Region(8, 16))
-    again = cached.propose(req, Region(8, 16))
+    first = propose(drafter, req, Region(8, 16), state, cache)
+    again = propose(drafter, req, Region(8, 16), state, cache)
     torch.testing.assert_close(first.logits, reference, atol=1e-4, rtol=0)
     torch.testing.assert_close(again.logits, reference, atol=1e-4, rtol=0)
 

@@ -3,6 +3,7 @@
 import torch
 from transformers import DynamicCache
 
+from services.common.kv_manager import KVManager
 from services.common.models import load_model
 from services.common.request import Request
 from services.dlm_drafter.causal import CausalDrafter
@@ -17,18 +18,22 @@ def uncached_logits(drafter: CausalDrafter, req: Request, ids: torch.Tensor, pos
     return out.logits[0, -len(ids) :].float()
 
 
+def forward(drafter: CausalDrafter, req: Request, ids, positions, groups=None) -> torch.Tensor:
+    return drafter.forward_batch([(req, ids, positions, groups)])[0][0]
+
+
 def make_request(loaded, n: int = 16) -> Request:
     return Request("r", [5, 9, 11, 7, 3], n, loaded.mask_id, loaded.eos_id)
 
 
 def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter"], reordered=True)
-    drafter = CausalDrafter(loaded)
+    drafter = CausalDrafter(loaded, KVManager(10**6))
     req = make_request(loaded)
     g = torch.Generator().manual_seed(0)
     masks = lambda n: torch.full((n,), loaded.mask_id)  # noqa: E731
     # round 1: prefill + a window of masks
-    drafter.forward(req, masks(8), torch.arange(8))
+    forward(drafter, req, masks(8), torch.arange(8))
     # a slot ahead of the frontier commits first (out of logical order), then the slot before it
     for slot in (torch.arange(4, 8), torch.arange(0, 4)):
         req.decide(slot, torch.randint(20, 200, (4,), generator=g))
@@ -36,21 +41,21 @@ def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
         # clean context (a decided, uncommitted token) stands before the masks
         window = torch.tensor([12, 8, 9, 10, 11, 13])
         ids = torch.cat([torch.tensor([77]), masks(5)])
-        cached = drafter.forward(req, ids, window)
+        cached = forward(drafter, req, ids, window)
         expected = uncached_logits(drafter, req, ids, window)
         torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0)
     assert req.physical_to_logical()[req.prompt_len :] == [req.prompt_len + p for p in [4, 5, 6, 7, 0, 1, 2, 3]]
-    assert drafter.cached_tokens("r") == req.prompt_len + 8
+    assert drafter.kv.held()["r"] == req.prompt_len + 8
 
 
 def test_isolated_spans_equal_separate_forwards(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter"], reordered=True)
-    drafter = CausalDrafter(loaded)
+    drafter = CausalDrafter(loaded, KVManager(10**6))
     req = make_request(loaded)
-    drafter.forward(req, torch.full((2,), loaded.mask_id), torch.arange(2))
+    forward(drafter, req, torch.full((2,), loaded.mask_id), torch.arange(2))
     spans = [(torch.tensor([31, 40, 41]), torch.arange(0, 3)), (torch.tensor([50, 51, 52]), torch.arange(8, 11))]
     ids, pos = torch.cat([s[0] for s in spans]), torch.cat([s[1] for s in spans])
-    joint = drafter.forward(req, ids, pos, groups=torch.tensor([0, 0, 0, 1, 1, 1]))
+    joint = forward(drafter, req, ids, pos, groups=torch.tensor([0, 0, 0, 1, 1, 1]))
     for i, (span_ids, span_pos) in enumerate(spans):
-        alone = drafter.forward(req, span_ids, span_pos)
+        alone = forward(drafter, req, span_ids, span_pos)
         torch.testing.assert_close(joint[3 * i : 3 * i + 3], alone, atol=1e-4, rtol=0)

@@ -2,11 +2,11 @@
 
 import torch
 
-from services.common.proposal import Proposal, Region, propose_from_logits
+from services.common.proposal import Region, propose_from_logits
 from services.common.request import Request
 from services.orchestrator.commit import Commit
 from services.orchestrator.gate import Threshold
-from services.orchestrator.loop import decode
+from services.orchestrator.loop import Rounds, one_round, run
 from services.orchestrator.strategies import Stages
 
 MASK, EOS, VOCAB = 1, 0, 50
@@ -18,33 +18,33 @@ class Scripted:
     def __init__(self, script: list[int]):
         self.script = script
 
-    def __call__(self, req: Request, region: Region) -> Proposal:
+    def __call__(self, req: Request, region: Region):
+        """A propose stage that needs no model call."""
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1) + region.start
         logits = torch.full((len(masked), VOCAB), -10.0)
         logits[torch.arange(len(masked)), torch.tensor([self.script[p] for p in masked.tolist()])] = 10.0
         return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
-
-    def release(self, request_id: str) -> None:
-        pass
+        yield
 
 
-def run(script: list[int], n: int, commit: Commit) -> Request:
+def decode(script: list[int], n: int, commit: Commit) -> Request:
     req = Request("r", [3, 4], n, MASK, EOS)
-    stages = Stages(Scripted(script), Threshold(0.5), commit, holders=())
-    list(decode(req, stages))
+    stages = Stages(Scripted(script), Threshold(0.5), commit)
+    while not req.finished:
+        run(Rounds({req.id: (req, one_round(req, stages))}), lambda groups: {})
     return req
 
 
 def test_eos_truncates():
     script = [7, 8, 9, EOS, 11, 12, 13, 14]
     for commit in (Commit("block", 4), Commit("window", 3), Commit("block", 4, order="slot")):
-        req = run(script, 8, commit)
+        req = decode(script, 8, commit)
         assert req.output_ids() == [7, 8, 9] and req.finish_reason == "eos"
         assert req.horizon == 4
 
 
 def test_exactly_max_new_tokens_without_eos():
-    req = run(list(range(10, 30)), 13, Commit("block", 4))
+    req = decode(list(range(10, 30)), 13, Commit("block", 4))
     assert req.output_ids() == list(range(10, 23)) and req.finish_reason == "length"
     assert req.stats.rounds == 4  # one round per block: every proposal clears the threshold
 

@@ -13,9 +13,10 @@ import pytest
 
 from services.common.sampling import SamplingParams
 from services.orchestrator import engine as engine_module
-from services.orchestrator.backend import LocalBackend
+from services.orchestrator.backend import EngineBackend
 from services.orchestrator.client import DlmClient
-from services.orchestrator.loop import decode
+from services.orchestrator.engine import Engine
+from services.orchestrator.loop import one_round
 from services.orchestrator.remote_cli import bench_remote, generate_remote
 from services.orchestrator.server import Limits, Server
 from services.orchestrator.strategies import STRATEGIES, defaults
@@ -53,9 +54,14 @@ class Harness:
         self.thread.join(5)
 
 
+def backend(engine) -> EngineBackend:
+    """A server's own engine over the library engine's models (its KV hosts are shared)."""
+    return EngineBackend(Engine(engine.config, models=engine.models))
+
+
 @pytest.fixture(scope="module")
 def served(engine):
-    harness = Harness(LocalBackend(engine, max_concurrency=8), Limits(max_new_tokens=64))
+    harness = Harness(backend(engine), Limits(max_new_tokens=64))
     harness.client.wait_ready()
     yield harness
     harness.close()
@@ -63,30 +69,24 @@ def served(engine):
 
 @pytest.fixture
 def slow(monkeypatch):
-    """Decode with a pause per round, keeping each request's stages to check their per-request state."""
-    stages: dict[str, object] = {}
+    """Decode with a pause per round."""
 
-    def slow_decode(req, request_stages):
-        stages[req.id] = request_stages
-        rounds = decode(req, request_stages)
-        try:
-            for event in rounds:
-                time.sleep(0.05)
-                yield event
-        finally:
-            rounds.close()
+    def slow_round(req, stages):
+        committed = yield from one_round(req, stages)
+        time.sleep(0.05)
+        return committed
 
-    monkeypatch.setattr(engine_module, "decode", slow_decode)
-    return stages
+    monkeypatch.setattr(engine_module, "one_round", slow_round)
 
 
-def holds_state(stages, request_id: str) -> bool:
-    return any(request_id in holder.caches for holder in stages.holders)
+def holds_state(backend, request_id: str) -> bool:
+    """Whether a host still keeps KV for the request."""
+    return any(request_id in host.kv.caches for host in backend.engine.models.hosts.values() if hasattr(host, "kv"))
 
 
-def gone(backend, stages, request_id: str, within: float = 1.0) -> bool:
+def gone(backend, request_id: str, within: float = 1.0) -> bool:
     end = time.monotonic() + within
-    while backend.live() or holds_state(stages, request_id):
+    while backend.live() or holds_state(backend, request_id):
         if time.monotonic() > end:
             return False
         time.sleep(0.01)
@@ -183,14 +183,14 @@ def test_bad_request_is_invalid_argument_and_server_goes_on(served, bad, field):
     assert served.backend.live() == []
 
 
-class GatedBackend(LocalBackend):
+class GatedBackend(EngineBackend):
     def __init__(self, engine, gate: threading.Event):
-        super().__init__(engine)
+        super().__init__(Engine(engine.config, models=engine.models))
         self.gate = gate
 
-    def load(self) -> None:
-        assert self.gate.wait(30)
-        super().load()
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.gate.wait, 30)
+        await super().start()
 
 
 def test_health_not_serving_until_models_load(engine):
@@ -218,9 +218,9 @@ def test_cancelled_stream_leaves_no_request_state(served, slow):
         PROMPT, strategy="streaming", params={"window": 2}, max_new_tokens=64, request_id="c1"
     )
     next(events)
-    assert served.backend.live() == ["c1"] and holds_state(slow["c1"], "c1")
+    assert served.backend.live() == ["c1"] and holds_state(served.backend, "c1")
     events.close()  # cancels the call
-    assert gone(served.backend, slow["c1"], "c1")
+    assert gone(served.backend, "c1")
 
 
 def test_deadline_stops_decoding(served, slow):
@@ -228,7 +228,7 @@ def test_deadline_stops_decoding(served, slow):
     with client, pytest.raises(grpc.RpcError) as err:
         client.generate(PROMPT, strategy="streaming", params={"window": 2}, max_new_tokens=64, request_id="d1")
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert gone(served.backend, slow["d1"], "d1")
+    assert gone(served.backend, "d1")
 
 
 def test_duplicate_live_request_id(served, slow):
@@ -238,7 +238,7 @@ def test_duplicate_live_request_id(served, slow):
         served.client.generate(PROMPT, max_new_tokens=2, request_id="x")
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     events.close()
-    assert gone(served.backend, slow["x"], "x")
+    assert gone(served.backend, "x")
 
 
 def test_decoding_error_is_internal_and_server_goes_on(served, monkeypatch):
@@ -246,7 +246,7 @@ def test_decoding_error_is_internal_and_server_goes_on(served, monkeypatch):
         yield from ()
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine_module, "decode", failing)
+    monkeypatch.setattr(engine_module, "one_round", failing)
     with pytest.raises(grpc.RpcError) as err:
         served.client.generate(PROMPT, strategy="streaming", max_new_tokens=4)
     assert err.value.code() == grpc.StatusCode.INTERNAL and "boom" in err.value.details()
@@ -300,7 +300,7 @@ def test_list_strategies_and_model_info(served, engine):
 
 
 def test_shutdown_completes_live_streams_as_cancelled(engine, slow):
-    harness = Harness(LocalBackend(engine))
+    harness = Harness(backend(engine))
     harness.client.wait_ready()
     events = harness.client.stream(
         PROMPT, strategy="streaming", params={"window": 2}, max_new_tokens=64, request_id="s"
@@ -311,7 +311,7 @@ def test_shutdown_completes_live_streams_as_cancelled(engine, slow):
     *_, done = collect(events)
     stopping.join()
     assert done.finish_reason == pb.FINISH_REASON_CANCELLED
-    assert harness.backend.live() == [] and not holds_state(slow["s"], "s")
+    assert harness.backend.live() == [] and not holds_state(harness.backend, "s")
     harness.client.close()
     harness.loop.call_soon_threadsafe(harness.loop.stop)
 

@@ -39,7 +39,7 @@ def service(request, tiny_zoo, tmp_path_factory):
 
     port = free_port()
     config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
-    serving = {"port": port, "max_batch_size": 8, "batch_wait_timeout_s": 0.01}
+    serving = {"port": port}
     if request.param == "redis":
         serving["redis_url"] = request.getfixturevalue("redis_url")
     config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))

@@ -3,7 +3,7 @@
 import pytest
 
 from services.common.sampling import SamplingParams
-from services.orchestrator.strategies import STRATEGIES, make_params
+from services.orchestrator.strategies import STRATEGIES
 
 PROMPTS = ["count from 1 to 9:", "copy: the lazy dog", "def add(a, b):"]
 BLOCK = ["mdm", "threshold", "credit", "hierarchical", "learn2pd", "guided"]
@@ -65,7 +65,7 @@ def test_sampling_is_deterministic_per_seed(engine):
 
 def test_streaming_commits_in_order_and_window_keeps_its_size(engine):
     req = engine.request(PROMPTS[2], max_new_tokens=30)
-    stages = make_params("streaming", {"window": 8}).build(engine.models)
+    stages = engine.add(req, "streaming", {"window": 8}).stages
     sizes, seen = [], {}
     region = stages.commit.region
 
@@ -75,10 +75,8 @@ def test_streaming_commits_in_order_and_window_keeps_its_size(engine):
         return reg
 
     stages.commit.region = recording_region
-    from services.orchestrator.loop import decode
-
     streamed = []
-    for event in decode(req, stages):
+    for event in engine.events(req):
         assert not event.spans  # streaming commits only the contiguous prefix
         streamed.extend(event.ids)
         for pos in req.decided.nonzero().squeeze(-1).tolist():  # a decided token never changes
@@ -110,6 +108,7 @@ class OracleDrafter:
         self.reference = reference
 
     def propose(self, req, region):
+        """A propose stage that needs no model call."""
         import torch
 
         from services.common.proposal import propose_from_logits
@@ -118,20 +117,15 @@ class OracleDrafter:
         logits = torch.zeros(len(masked), 400)
         logits[torch.arange(len(masked)), torch.tensor([self.reference[p] for p in masked.tolist()])] = 5.0
         return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
-
-    def release(self, request_id):
-        pass
+        yield
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt):
-    from services.orchestrator.loop import decode
-
     reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
     ids = reference.token_ids + [0] * 24
     req = engine.request(prompt, max_new_tokens=24)
-    stages = make_params("guided", {"top_k_match": 1, "block_size": 8}).build(engine.models)
-    stages.propose = OracleDrafter(ids).propose
-    list(decode(req, stages))
+    engine.add(req, "guided", {"top_k_match": 1, "block_size": 8}).stages.propose = OracleDrafter(ids).propose
+    list(engine.events(req))
     assert req.output_ids() == reference.token_ids
     assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)

@@ -1,0 +1,39 @@
+"""The engine over remote hosts, stepped on the event loop. A step's host calls are awaited, not run: while they
+are out the loop serves clients, and a request whose deadline passes while a replica is slow ends at its deadline
+(the call goes on for the others)."""
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from services.orchestrator.engine import Engine, Output
+from services.orchestrator.loop import Rounds
+
+
+class AsyncEngine(Engine):
+    async def step_async(self, emit: Callable[[Output], None]) -> None:
+        ended, rounds = self.begin_step()
+        for out in ended:
+            emit(out)
+        while rounds.waiting:
+            call = asyncio.ensure_future(self.models.execute(rounds.groups()))
+            while not call.done():
+                await asyncio.wait({call}, timeout=self.next_deadline(rounds))
+                self.expire(rounds, emit)
+            rounds.deliver(call.result())
+        for out in self.end_step(rounds):
+            emit(out)
+
+    def next_deadline(self, rounds: Rounds) -> float | None:
+        """Seconds until the first deadline of a request that waits on the call, or None."""
+        deadlines = [self.sequences[rid].deadline for rid in rounds.waiting if rid in self.sequences]
+        deadlines = [d for d in deadlines if d is not None]
+        return max(min(deadlines) - time.monotonic(), 0) if deadlines else None
+
+    def expire(self, rounds: Rounds, emit: Callable[[Output], None]) -> None:
+        now = time.monotonic()
+        for rid in list(rounds.waiting):
+            seq = self.sequences.get(rid)
+            if seq is not None and seq.deadline is not None and now > seq.deadline:
+                rounds.drop(rid, TimeoutError("deadline passed while a model call was out"))
+                emit(self.end(seq, "deadline"))
