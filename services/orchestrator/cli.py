@@ -8,9 +8,9 @@ from dataclasses import asdict
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.params import STATS_KEYS, parse_sets
 from services.common.sampling import SamplingParams
-from services.common.tasks import FAMILIES
 from services.orchestrator.strategies import STRATEGIES
 from services.orchestrator.train_cli import register as register_training
+from services.training.tasks import FAMILIES
 
 
 def engine_from(args):
@@ -71,7 +71,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from services.orchestrator.evaluate import evaluate, mask_accuracy
+    from services.training.engine_eval import evaluate, mask_accuracy
 
     engine = engine_from(args)
     if args.suite == "masked":

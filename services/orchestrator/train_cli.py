@@ -23,7 +23,7 @@ def register(subparsers) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from services.common.dataset import DataConfig, build
+    from services.training.dataset import DataConfig, build
 
     print(json.dumps(build(DataConfig(out=args.out, seed=args.seed)), indent=1))
     return 0
@@ -31,27 +31,27 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.what == "tokenizer":
-        from services.common.bpe import BpeConfig, special_ids, train_from_data
+        from services.training.bpe import BpeConfig, special_ids, train_from_data
 
         cfg = BpeConfig(**(yaml.safe_load(Path(args.config).read_text()) or {}))
         print(json.dumps({"out": cfg.out, "special_ids": special_ids(train_from_data(cfg))}))
         return 0
     if args.what == "filter":
-        from services.filter.train import FilterTrainConfig, train
+        from services.training.filter import FilterTrainConfig, train
 
         report = train(FilterTrainConfig.from_yaml(args.config, device=args.device))
         print(json.dumps({k: v for k, v in report.items() if k != "config"}))
         return 0
-    from services.common.train_loop import TrainConfig
+    from services.training.train_loop import TrainConfig
 
     over = {"device": args.device}
     if args.device == "cuda":
         over["dtype"] = "bfloat16"
     cfg = TrainConfig.from_yaml(args.config, **over)
     if args.what == "ar":
-        from services.ar_guider.train import run
+        from services.training.ar import run
     else:
-        from services.dlm_drafter.train import run
+        from services.training.drafter import run
     summary = run(cfg, resume=args.resume)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
     return 0

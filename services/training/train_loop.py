@@ -19,8 +19,8 @@ import yaml
 from tqdm import tqdm
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from services.common import dataset
-from services.common.grow import grow
+from services.training import dataset
+from services.training.grow import grow
 
 OBJECTIVES = ("ar", "hybrid", "mdm")
 
@@ -34,7 +34,7 @@ class TrainConfig:
     data: str = "data"
     tokenizer: str = "models/tokenizer"
     init_from: str | None = None
-    grow_from: str | None = None  # a smaller Qwen3 to grow function-preservingly into `model` (services/common/grow.py)
+    grow_from: str | None = None  # a smaller Qwen3 to grow function-preservingly into `model` (grow.py)
     model: dict = field(default_factory=dict)  # Qwen3Config kwargs (ignored with init_from)
     steps: int = 1000
     batch_tokens: int = 4096

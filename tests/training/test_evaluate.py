@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from services.common import evaluate, model_card, tiny
-from services.dlm_drafter.train import run
+from services.training import evaluate, model_card, tiny
+from services.training.drafter import run
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from services.common.dataset import Example
-from services.common.train_loop import Batch, TrainConfig, train
+from services.training.dataset import Example
+from services.training.train_loop import Batch, TrainConfig, train
 
 
 def make_ar_batch(examples: list[Example], rng: random.Random | None = None, pad_id: int = 0) -> Batch:

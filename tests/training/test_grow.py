@@ -2,8 +2,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from services.common.grow import grow, head_index, layer_map
-from services.common.train_loop import TrainConfig, build_model
+from services.training.grow import grow, head_index, layer_map
+from services.training.train_loop import TrainConfig, build_model
 from tests.tiny import qwen3_kwargs
 
 SMALL = qwen3_kwargs(300, 32, num_attention_heads=2, num_key_value_heads=1)

@@ -12,8 +12,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from services.common import corpus, tasks
-from services.common.bpe import EOS, RESPONSE
+from services.training import corpus, tasks
+from services.training.bpe import EOS, RESPONSE
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 import pytest
 
-from services.common import tasks
+from services.training import tasks
 
 
 @pytest.mark.parametrize("family", tasks.FAMILIES)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.common import bpe, dataset
-from services.common.train_loop import TrainConfig
+from services.training import bpe, dataset
+from services.training.train_loop import TrainConfig
 
 TINY_MODEL = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64

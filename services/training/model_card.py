@@ -1,6 +1,6 @@
 """Write models/<name>/README.md from train_summary.json (+ eval json lines, if given).
 
-python -m services.common.model_card models/guider [--eval runs/guider/eval.json ...]
+python -m services.training.model_card models/guider [--eval runs/guider/eval.json ...]
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from services.common.bpe import SPECIALS
+from services.training.bpe import SPECIALS
 
 USES = {
     "ar-base": "AR base model (Qwen3 architecture), grown from the guider; initialisation of the drafters.",

@@ -8,9 +8,9 @@ from functools import partial
 
 from transformers import AutoTokenizer
 
-from services.common.dataset import Example
-from services.common.train_loop import Batch, TrainConfig, train
-from services.dlm_drafter import corrupt
+from services.training import corrupt
+from services.training.dataset import Example
+from services.training.train_loop import Batch, TrainConfig, train
 
 
 def make_hybrid_batch(

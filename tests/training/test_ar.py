@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from services.ar_guider.train import make_ar_batch, run
-from services.common import tiny
-from services.common.dataset import Example
+from services.training import tiny
+from services.training.ar import make_ar_batch, run
+from services.training.dataset import Example
 
 
 def test_ar_batch_labels():

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.dataset import Example
-from services.common.train_loop import Batch
+from services.training.dataset import Example
+from services.training.train_loop import Batch
 
 ARM, MDM = 1, 2  # kinds of labelled positions
 

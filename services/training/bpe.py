@@ -61,7 +61,7 @@ def build(texts: Iterable[str], cfg: BpeConfig) -> PreTrainedTokenizerFast:
 
 def train_from_data(cfg: BpeConfig) -> PreTrainedTokenizerFast:
     """Corpus train split + the first task_samples train items of each family; saved to cfg.out."""
-    from services.common import dataset
+    from services.training import dataset
 
     texts = dataset.load_corpus(cfg.data, "train")
     per: dict[str, int] = {}

@@ -2,7 +2,7 @@
 `ar` (greedy AR with KV cache) for AR models and causal drafters, `mdm` (LLaDA low-confidence remasking, one
 token per forward) for drafters. The numbers `dlm eval` reports, in the one-line form model_card.py reads.
 
-    python -m services.common.evaluate models/guider [--mode ar|mdm] [--n 200]
+    python -m services.training.evaluate models/guider [--mode ar|mdm] [--n 200]
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 
 import torch
 
-from services.common import tasks
 from services.common.config import EngineConfig
 from services.common.models import load_meta
+from services.training import tasks
 
 
 def evaluate(model_dir: str, n: int = 200, mode: str = "ar") -> dict:
     from services.orchestrator.engine import Engine
-    from services.orchestrator.evaluate import evaluate as engine_eval
+    from services.training.engine_eval import evaluate as engine_eval
 
     if mode == "ar":
         models, strategy, params = {"ar": model_dir}, "ar", {"model": "ar"}

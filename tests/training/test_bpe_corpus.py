@@ -1,7 +1,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from services.common import bpe, corpus, dataset
+from services.training import bpe, corpus, dataset
 
 
 def test_corpus_split_by_module():

@@ -2,7 +2,7 @@ import json
 import math
 
 from services.orchestrator.cli import main
-from services.orchestrator.evaluate import evaluate
+from services.training.engine_eval import evaluate
 from tests.orchestrator.test_cli import write_config
 
 
@@ -28,7 +28,7 @@ def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
 
 
 def test_mask_accuracy_per_ratio(engine):
-    from services.orchestrator.evaluate import mask_accuracy
+    from services.training.engine_eval import mask_accuracy
 
     report = mask_accuracy(engine, ratios=(0.25, 0.75), n=1)
     assert set(report) == {"0.25", "0.75"} and all(0 <= v <= 1 for v in report.values())

@@ -6,9 +6,9 @@ import time
 
 import torch
 
-from services.common import corpus, tasks
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
+from services.training import corpus, tasks
 
 
 def guider_nll(engine: Engine, prompt_ids: list[int], output_ids: list[int]) -> tuple[float, int]:

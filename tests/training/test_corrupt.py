@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.common.dataset import Example
-from services.dlm_drafter import corrupt
-from services.dlm_drafter.train import make_hybrid_batch, make_mdm_batch
+from services.training import corrupt
+from services.training.dataset import Example
+from services.training.drafter import make_hybrid_batch, make_mdm_batch
 from tests import tiny
 
 MASK, EOS = 1, 0

@@ -3,8 +3,8 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from services.common import tiny
-from services.dlm_drafter.train import run
+from services.training import tiny
+from services.training.drafter import run
 
 
 @pytest.mark.slow

@@ -17,12 +17,12 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from services.common import tasks
 from services.common.config import EngineConfig
 from services.common.proposal import Region
 from services.dlm_drafter.bidirectional import BidirectionalDrafter
 from services.filter.model import FilterConfig, Learn2PDFilter
 from services.orchestrator.engine import Engine
+from services.training import tasks
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@
 import torch
 
 from services.filter.model import Learn2PDFilter
-from services.filter.train import FilterTrainConfig, egp, fit, record
+from services.training.filter import FilterTrainConfig, egp, fit, record
 
 
 def test_egp_trajectories_and_fit(engine, tmp_path):
