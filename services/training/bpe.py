@@ -13,10 +13,9 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-EOS = "<|endoftext|>"
-MASK = "<|mask|>"
-RESPONSE = "<|response|>"
-SPECIALS: tuple[str, ...] = (EOS, MASK, RESPONSE)
+from services.training import dataset
+from services.training.specials import EOS, MASK, RESPONSE, SPECIALS
+
 # GPT-2 style split, but `\p{N}` one digit at a time
 PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CHAT_TEMPLATE = (
@@ -61,8 +60,6 @@ def build(texts: Iterable[str], cfg: BpeConfig) -> PreTrainedTokenizerFast:
 
 def train_from_data(cfg: BpeConfig) -> PreTrainedTokenizerFast:
     """Corpus train split + the first task_samples train items of each family; saved to cfg.out."""
-    from services.training import dataset
-
     texts = dataset.load_corpus(cfg.data, "train")
     per: dict[str, int] = {}
     for t in dataset.load_tasks(cfg.data, "train"):

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from services.training import corpus, tasks
-from services.training.bpe import EOS, RESPONSE
+from services.training.specials import EOS, RESPONSE
 
 
 @dataclass(slots=True)

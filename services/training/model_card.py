@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from services.training.bpe import SPECIALS
+from services.training.specials import SPECIALS
 
 USES = {
     "ar-base": "AR base model (Qwen3 architecture), grown from the guider; initialisation of the drafters.",
