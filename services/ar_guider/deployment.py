@@ -8,7 +8,7 @@ from ray import serve
 from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
-from services.common.remote_call import Reply, run_groups
+from services.serving.remote_call import Reply, run_groups
 
 
 @serve.deployment(name="guider")

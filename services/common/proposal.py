@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.pickling import CompactPickle
 from services.common.sampling import SamplingParams, choose
+from services.serving.pickling import CompactPickle
 
 
 @dataclass(slots=True)

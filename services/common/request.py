@@ -4,9 +4,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.pickling import CompactPickle
 from services.common.sampling import SamplingParams
 from services.common.stats import Stats
+from services.serving.pickling import CompactPickle
 
 
 @dataclass(slots=True)

@@ -7,9 +7,9 @@ from ray import serve
 
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
-from services.common.remote_call import Reply, run_batch, run_groups
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
 from services.dlm_drafter.causal import CausalDrafter
+from services.serving.remote_call import Reply, run_batch, run_groups
 
 
 @serve.deployment(name="drafter")

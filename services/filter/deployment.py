@@ -4,8 +4,8 @@ import torch
 from ray import serve
 
 from services.common.config import EngineConfig, replica_threads
-from services.common.remote_call import regroup
 from services.filter.model import Learn2PDFilter
+from services.serving.remote_call import regroup
 
 
 @serve.deployment(name="filter")

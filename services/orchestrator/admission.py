@@ -9,9 +9,9 @@ order with their tokens) to the request's index entry; the end of the request, h
 import asyncio
 from collections.abc import Iterator
 
-from services.common.cache_index import CacheIndex, IndexEntry
 from services.common.proposal import Committed
 from services.common.request import Request
+from services.serving.cache_index import CacheIndex, IndexEntry
 
 
 class ResourceExhausted(Exception):
@@ -20,7 +20,7 @@ class ResourceExhausted(Exception):
 
 def local_admission(serving) -> "KVAdmission":
     """Admission for an orchestrator whose models run in its own process (`dlm serve --local`)."""
-    from services.common.cache_index import make_index
+    from services.serving.cache_index import make_index
 
     index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
     replicas = {"drafter": "local-drafter", "guider": "local-guider"}

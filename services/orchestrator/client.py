@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.orchestrator.wire import SERVICE, params_message, pb, rpc
+from services.serving.wire import SERVICE, params_message, pb, rpc
 
 
 class DlmClient:

@@ -12,12 +12,12 @@ from ray.serve.handle import DeploymentHandle
 from services.common.config import EngineConfig
 from services.common.models import ModelMeta, load_meta
 from services.common.proposal import Proposal, Region, Verdict
-from services.common.remote_call import absorb
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import Smoothing
 from services.filter.model import FilterConfig
 from services.orchestrator.batcher import Call, MicroBatches
 from services.orchestrator.engine import first_role
+from services.serving.remote_call import absorb
 
 
 class RemoteCausalDrafter:

@@ -12,7 +12,7 @@ import grpc
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, parse_sets
 from services.orchestrator.client import DlmClient
-from services.orchestrator.wire import FINISH_NAMES, pb, stats_dict
+from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 
 def rpc_error(e: grpc.RpcError) -> int:

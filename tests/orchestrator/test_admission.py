@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from services.common.cache_index import EmbeddedCacheIndex
 from services.orchestrator.admission import KVAdmission, ResourceExhausted
+from services.serving.cache_index import EmbeddedCacheIndex
 
 
 def admission(budget: int, max_queue: int) -> KVAdmission:

@@ -19,7 +19,7 @@ from services.orchestrator.loop import decode
 from services.orchestrator.remote_cli import bench_remote, generate_remote
 from services.orchestrator.server import Limits, Server
 from services.orchestrator.strategies import STRATEGIES, defaults
-from services.orchestrator.wire import SERVICE, pb
+from services.serving.wire import SERVICE, pb
 
 PROMPT = "count from 1 to 9:"
 SMALL = {

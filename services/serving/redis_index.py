@@ -22,7 +22,7 @@ import struct
 
 import redis
 
-from services.common.cache_index import (
+from services.serving.cache_index import (
     CacheIndex,
     IndexEntry,
     Route,

@@ -1,6 +1,6 @@
 """Python stubs of protos/dlm/v1/dlm.proto, generated into the git-ignored _proto/ when missing or older than it.
 
-`python -m services.orchestrator.protogen` generates them ahead of time; `load()` does so on first import.
+`python -m services.serving.protogen` generates them ahead of time; `load()` does so on first import.
 """
 
 import importlib

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from services.common.cache_index import EmbeddedCacheIndex, IndexEntry, Route, make_index
+from services.serving.cache_index import EmbeddedCacheIndex, IndexEntry, Route, make_index
 
 TTL = 0.3  # short TTL for expiry tests; waits are 2 * TTL
 
@@ -16,7 +16,7 @@ def index(request):
     if request.param == "embedded":
         yield EmbeddedCacheIndex(default_ttl_s=60, sweep_interval_s=0.05)
         return
-    from services.common.redis_index import RedisCacheIndex
+    from services.serving.redis_index import RedisCacheIndex
 
     prefix = f"test:{uuid.uuid4().hex[:8]}:"
     idx = RedisCacheIndex.from_url(request.getfixturevalue("redis_url"), prefix=prefix, default_ttl_s=60)
@@ -228,7 +228,7 @@ def test_make_index_embedded():
 
 
 def test_make_index_redis(redis_url):
-    from services.common.redis_index import RedisCacheIndex
+    from services.serving.redis_index import RedisCacheIndex
 
     idx = make_index(redis_url, prefix=f"test:{uuid.uuid4().hex[:8]}:", default_ttl_s=5)
     try:

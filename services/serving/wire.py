@@ -5,7 +5,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from services.common.params import parse_value
-from services.orchestrator.protogen import load
+from services.serving.protogen import load
 
 pb, rpc = load()
 SERVICE = "dlm.v1.DlmService"

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from services.common.pickling import CompactPickle
 from services.common.request import Request
+from services.serving.pickling import CompactPickle
 
 
 @dataclass(slots=True)
