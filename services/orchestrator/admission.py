@@ -20,7 +20,7 @@ class ResourceExhausted(Exception):
 
 def local_admission(serving) -> "KVAdmission":
     """Admission for an orchestrator whose models run in its own process (`dlm serve --local`)."""
-    from services.serving.cache_index import make_index
+    from services.serving.indexes import make_index
 
     index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
     replicas = {"drafter": "local-drafter", "guider": "local-guider"}

@@ -15,7 +15,7 @@ from services.orchestrator.backend import LocalBackend
 from services.orchestrator.engine import Engine
 from services.orchestrator.remote import RemoteModelPool
 from services.orchestrator.server import Server
-from services.serving.cache_index import make_index
+from services.serving.indexes import make_index
 
 
 @serve.deployment(name="orchestrator", num_replicas=1)

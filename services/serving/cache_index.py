@@ -11,7 +11,7 @@ in tokens (the block manager's `can_allocate` + `allocate` in one atomic step): 
 and again as it grows; `free` gives tokens back when a cache is trimmed, `release` everything a request holds.
 
 Two implementations share this interface and its tests: `EmbeddedCacheIndex` (in process, a lock and dicts) and
-`RedisCacheIndex` (services/serving/redis_index.py). `make_index(url)` picks one.
+`RedisCacheIndex` (redis_index.py). `make_index(url)` (indexes.py) picks one.
 
 Usage, per request::
 
@@ -407,12 +407,3 @@ def check_tokens(tokens: int) -> int:
     if tokens < 0:
         raise ValueError(f"tokens must be >= 0, got {tokens}")
     return tokens
-
-
-def make_index(url: str | None = None, **kwargs) -> CacheIndex:
-    """RedisCacheIndex for a redis://, rediss:// or unix:// URL; EmbeddedCacheIndex for None, "" or memory://."""
-    if not url or url.startswith("memory://"):
-        return EmbeddedCacheIndex(**kwargs)
-    from services.serving.redis_index import RedisCacheIndex
-
-    return RedisCacheIndex.from_url(url, **kwargs)

@@ -32,11 +32,10 @@ from services.serving.cache_index import (
     check_tokens,
     effective_ttl,
     json_copy,
-    make_index,
     normalise,
 )
 
-__all__ = ["RedisCacheIndex", "make_index", "pack_ids", "unpack_ids"]
+__all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
 
 _LIB = """
 local P = ARGV[1]

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from services.serving.cache_index import EmbeddedCacheIndex, IndexEntry, Route, make_index
+from services.serving.cache_index import EmbeddedCacheIndex, IndexEntry, Route
+from services.serving.indexes import make_index
 
 TTL = 0.3  # short TTL for expiry tests; waits are 2 * TTL
 
