@@ -8,6 +8,7 @@ from ray import serve
 from services.ar_guider.guider import Guider
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.remote_call import Reply, run_groups
 
 

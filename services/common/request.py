@@ -6,11 +6,10 @@ import torch
 
 from services.common.sampling import SamplingParams
 from services.common.stats import Stats
-from services.serving.pickling import CompactPickle
 
 
 @dataclass(slots=True)
-class Request(CompactPickle):
+class Request:
     id: str
     prompt_ids: list[int]
     max_new_tokens: int

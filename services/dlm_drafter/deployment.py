@@ -9,6 +9,7 @@ from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
 from services.dlm_drafter.causal import CausalDrafter
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.remote_call import Reply, run_batch, run_groups
 
 

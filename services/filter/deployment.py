@@ -5,6 +5,7 @@ from ray import serve
 
 from services.common.config import EngineConfig, replica_threads
 from services.filter.model import Learn2PDFilter
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.remote_call import regroup
 
 

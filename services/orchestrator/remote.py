@@ -17,6 +17,7 @@ from services.dlm_drafter.bidirectional import Smoothing
 from services.filter.model import FilterConfig
 from services.orchestrator.batcher import Call, MicroBatches
 from services.orchestrator.engine import first_role
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.remote_call import absorb
 
 

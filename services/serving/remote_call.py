@@ -7,11 +7,12 @@ from typing import Any
 import torch
 
 from services.common.request import Request
-from services.serving.pickling import CompactPickle
+from services.serving.pickling import compact
 
 
+@compact
 @dataclass(slots=True)
-class Reply(CompactPickle):
+class Reply:
     value: Any
     counters: dict[str, int]  # stat counters the call added
     generator: torch.Generator  # the sampling RNG after the call
