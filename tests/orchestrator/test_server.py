@@ -11,12 +11,12 @@ from dataclasses import fields
 import grpc
 import pytest
 
+from services.cli.client import DlmClient
+from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
 from services.orchestrator import engine as engine_module
 from services.orchestrator.backend import LocalBackend
-from services.orchestrator.client import DlmClient
 from services.orchestrator.loop import decode
-from services.orchestrator.remote_cli import bench_remote, generate_remote
 from services.orchestrator.server import Limits, Server
 from services.orchestrator.strategies import STRATEGIES, defaults
 from services.serving.wire import SERVICE, pb

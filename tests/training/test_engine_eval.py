@@ -1,9 +1,6 @@
-import json
 import math
 
-from services.orchestrator.cli import main
 from services.training.engine_eval import evaluate
-from tests.orchestrator.test_cli import write_config
 
 
 def test_evaluate_reports_accuracy_nll_and_stats(engine):
@@ -17,14 +14,6 @@ def test_evaluate_reports_accuracy_nll_and_stats(engine):
 def test_code_suite_is_open_ended(engine):
     report = evaluate(engine, "ar", {"model": "guider"}, "code", n=1)
     assert report["accuracy"] == {} and math.isfinite(report["nll"])
-
-
-def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
-    config = write_config(tmp_path, tiny_zoo)
-    args = ["--config", config, "eval", "--strategy", "ar", "--model", "guider", "--n", "1", "--json"]
-    assert main([*args, "--families", "sort"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert set(out) >= {"accuracy", "overall_accuracy", "nll", "stats"} and set(out["accuracy"]) == {"sort"}
 
 
 def test_mask_accuracy_per_ratio(engine):

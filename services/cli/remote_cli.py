@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from services.cli.client import DlmClient
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, parse_sets
-from services.orchestrator.client import DlmClient
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 

@@ -2,7 +2,7 @@ import json
 
 import yaml
 
-from services.orchestrator.cli import main
+from services.cli.cli import main
 
 
 def write_config(tmp_path, tiny_zoo) -> str:
@@ -42,3 +42,11 @@ def test_bench_table_and_json(tmp_path, tiny_zoo, capsys):
     assert [r["strategy"] for r in rows] == ["ar", "mdm", "streaming"]
     assert rows[0]["speedup_vs_ar"] == 1.0 and rows[1]["speedup_vs_mdm"] == 1.0
     assert "p_cache" in capsys.readouterr().out
+
+
+def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
+    config = write_config(tmp_path, tiny_zoo)
+    args = ["--config", config, "eval", "--strategy", "ar", "--model", "guider", "--n", "1", "--json"]
+    assert main([*args, "--families", "sort"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"accuracy", "overall_accuracy", "nll", "stats"} and set(out["accuracy"]) == {"sort"}

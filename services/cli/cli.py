@@ -5,11 +5,11 @@ import json
 import sys
 from dataclasses import asdict
 
+from services.cli.train_cli import register as register_training
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.params import STATS_KEYS, parse_sets
 from services.common.sampling import SamplingParams
 from services.orchestrator.strategies import STRATEGIES
-from services.orchestrator.train_cli import register as register_training
 from services.training.tasks import FAMILIES
 
 
@@ -21,7 +21,7 @@ def engine_from(args):
 
 def cmd_generate(args) -> int:
     if args.target:
-        from services.orchestrator.remote_cli import generate_remote
+        from services.cli.remote_cli import generate_remote
 
         return generate_remote(args)
     engine = engine_from(args)
@@ -52,10 +52,10 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.target:
-        from services.orchestrator.remote_cli import bench_remote
+        from services.cli.remote_cli import bench_remote
 
         return bench_remote(args)
-    from services.orchestrator.bench import bench, table
+    from services.cli.bench import bench, table
 
     engine = engine_from(args)
     strategies = [s for s in args.strategies.split(",") if s]
@@ -104,10 +104,10 @@ def model_param(strategy: str, model: str) -> tuple[str, str]:
 
 def cmd_serve(args) -> int:
     if args.local:
-        from services.orchestrator.remote_cli import serve_local
+        from services.cli.remote_cli import serve_local
 
         return serve_local(args.config, args.host, args.port, args.device, args.dtype)
-    from services.orchestrator.serve import serve_ray
+    from services.cli.serve import serve_ray
 
     return serve_ray(args.config, args.host, args.port, args.redis)
 

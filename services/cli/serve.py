@@ -12,8 +12,8 @@ def serve_ray(config_path: str, host: str, port: int, redis_url: str | None) -> 
     import ray
     from ray import serve
 
+    from services.cli.client import DlmClient
     from services.orchestrator.app import build_app
-    from services.orchestrator.client import DlmClient
 
     with open(config_path) as f:
         raw = yaml.safe_load(f) or {}
