@@ -20,6 +20,7 @@ run: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest -q

@@ -6,6 +6,7 @@ from ray import serve
 from services.ar_guider.host import GuiderHost
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 
 
 @serve.deployment(name="guider")

@@ -8,8 +8,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from services.common.pickling import CompactPickle
-
 T = TypeVar("T")
 Stage = Generator[list["Call"], list[Any], T]  # yields calls, receives their values in order, returns T
 
@@ -22,7 +20,7 @@ class Call:
 
 
 @dataclass(slots=True)
-class Reply(CompactPickle):
+class Reply:
     value: Any
     tokens: int = 0  # token instances the call ran through the model for this request (p_cache's N_fwd)
     generator: torch.Generator | None = None  # the request's sampling RNG after the call (a remote host ran a copy)

@@ -4,7 +4,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.pickling import CompactPickle
 from services.common.sampling import SamplingParams, choose
 
 
@@ -15,7 +14,7 @@ class Region:
 
 
 @dataclass(slots=True)
-class Proposal(CompactPickle):
+class Proposal:
     positions: torch.Tensor  # [N] generation positions that were masked
     ids: torch.Tensor  # [N] chosen tokens
     probs: torch.Tensor  # [N] probability of the chosen token (confidence)
@@ -24,7 +23,7 @@ class Proposal(CompactPickle):
 
 
 @dataclass(slots=True)
-class Verdict(CompactPickle):
+class Verdict:
     positions: torch.Tensor  # [M] contiguous span from the frontier
     draft: torch.Tensor  # [M] tokens that were verified
     target: torch.Tensor  # [M] verifier's argmax at each position given the drafts before it
@@ -35,7 +34,7 @@ class Verdict(CompactPickle):
 
 
 @dataclass(slots=True)
-class Decision(CompactPickle):
+class Decision:
     positions: torch.Tensor  # [A] positions decided this round
     ids: torch.Tensor  # [A]
     fill_positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))

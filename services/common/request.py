@@ -4,13 +4,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.pickling import CompactPickle
 from services.common.sampling import SamplingParams
 from services.common.stats import Stats
 
 
 @dataclass(slots=True)
-class Request(CompactPickle):
+class Request:
     id: str
     prompt_ids: list[int]
     max_new_tokens: int

@@ -7,6 +7,7 @@ from ray import serve
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.dlm_drafter.host import DrafterHost
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 
 
 @serve.deployment(name="drafter")

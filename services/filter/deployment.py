@@ -6,6 +6,7 @@ from ray import serve
 from services.common.config import EngineConfig, replica_threads
 from services.filter.host import FilterHost
 from services.filter.model import Learn2PDFilter
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 
 
 @serve.deployment(name="filter")

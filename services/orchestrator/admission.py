@@ -5,8 +5,9 @@ scheduler keeps it waiting meanwhile). Every round appends its new commits (posi
 tokens) to the request's index entry; the end of the request, however it ends, releases it all.
 """
 
-from services.common.cache_index import CacheIndex, IndexEntry, make_index
 from services.orchestrator.scheduler import Sequence
+from services.serving.cache_index import CacheIndex, IndexEntry
+from services.serving.indexes import make_index
 
 
 class IndexAdmission:

@@ -7,7 +7,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from services.ar_guider.deployment import GuiderDeployment
-from services.common.cache_index import make_index
 from services.common.config import DEFAULT_CONFIG, EngineConfig, replica_threads
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
@@ -16,6 +15,7 @@ from services.orchestrator.async_engine import AsyncEngine
 from services.orchestrator.backend import EngineBackend
 from services.orchestrator.remote import RemoteHosts
 from services.orchestrator.server import Server
+from services.serving.indexes import make_index
 
 
 @serve.deployment(name="orchestrator", num_replicas=1)

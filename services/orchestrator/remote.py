@@ -12,6 +12,7 @@ from services.common.config import EngineConfig
 from services.common.models import ModelMeta, load_meta
 from services.orchestrator.loop import Groups, Results
 from services.orchestrator.pool import first_role
+from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 
 
 class RemoteHosts:

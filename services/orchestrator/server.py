@@ -16,7 +16,7 @@ from services.common.sampling import SamplingParams
 from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.detok import TextStream
 from services.orchestrator.scheduler import ResourceExhausted
-from services.orchestrator.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
+from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
 log = logging.getLogger(__name__)
 

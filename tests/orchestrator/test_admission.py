@@ -2,10 +2,10 @@
 
 import pytest
 
-from services.common.cache_index import EmbeddedCacheIndex
 from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.engine import Engine
 from services.orchestrator.scheduler import ResourceExhausted
+from services.serving.cache_index import EmbeddedCacheIndex
 
 
 def engine_with(engine, budget: int, max_queue: int = 4) -> Engine:

@@ -11,16 +11,16 @@ from dataclasses import fields
 import grpc
 import pytest
 
+from services.cli.client import DlmClient
+from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
 from services.orchestrator import engine as engine_module
 from services.orchestrator.backend import EngineBackend
-from services.orchestrator.client import DlmClient
 from services.orchestrator.engine import Engine
 from services.orchestrator.loop import one_round
-from services.orchestrator.remote_cli import bench_remote, generate_remote
 from services.orchestrator.server import Limits, Server
 from services.orchestrator.strategies import STRATEGIES, defaults
-from services.orchestrator.wire import SERVICE, pb
+from services.serving.wire import SERVICE, pb
 
 PROMPT = "count from 1 to 9:"
 SMALL = {

@@ -34,8 +34,8 @@ def service(request, tiny_zoo, tmp_path_factory):
     ray = pytest.importorskip("ray")
     from ray import serve
 
+    from services.cli.client import DlmClient
     from services.orchestrator.app import build_app
-    from services.orchestrator.client import DlmClient
 
     port = free_port()
     config = tmp_path_factory.mktemp("svc") / "dlm.yaml"

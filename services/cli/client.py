@@ -1,0 +1,104 @@
+"""A thin synchronous client of dlm.v1.DlmService (needs no torch): generate, stream, strategies, model info, health."""
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.serving.wire import SERVICE, params_message, pb, rpc
+
+
+class DlmClient:
+    def __init__(self, target: str, timeout: float | None = None):
+        self.channel = grpc.insecure_channel(target)
+        self.stub = rpc.DlmServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout = timeout  # per call, seconds; None: no deadline
+
+    def __enter__(self) -> "DlmClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    @staticmethod
+    def request(
+        prompt: str | Sequence[int],
+        *,
+        strategy: str | None = None,
+        params: dict[str, Any] | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+        trace: bool = False,
+        request_id: str = "",
+    ):
+        """A GenerateRequest; params values may be strings (KEY=VALUE from a command line)."""
+        req = pb.GenerateRequest(
+            request_id=request_id,
+            strategy=strategy or "",
+            sampling=pb.SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
+            stop=list(stop),
+            trace=trace,
+        )
+        if isinstance(prompt, str):
+            req.text = prompt
+        else:
+            req.token_ids.ids.extend(prompt)
+        if max_new_tokens is not None:
+            req.max_new_tokens = max_new_tokens
+        if params:
+            if not strategy:
+                raise ValueError("strategy parameters need a strategy")
+            req.params.CopyFrom(params_message(strategy, params))
+        return req
+
+    def generate(self, prompt: str | Sequence[int], **kwargs):
+        """Decode to completion -> GenerateResponse (text, token_ids, finish_reason, usage, stats)."""
+        return self.stub.Generate(self.request(prompt, **kwargs), timeout=self.timeout)
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator:
+        """Yield pb.Chunk, pb.Spans and finally one pb.Complete; closing the iterator cancels the request."""
+        call = self.stub.GenerateStream(self.request(prompt, **kwargs), timeout=self.timeout)
+        try:
+            for message in call:
+                yield getattr(message, message.WhichOneof("event"))
+        finally:
+            call.cancel()  # a no-op once the stream completed
+
+    def strategies(self) -> dict[str, dict[str, Any]]:
+        """name -> the parameters the server uses when a request sets none."""
+        out = {}
+        for info in self.stub.ListStrategies(pb.ListStrategiesRequest(), timeout=self.timeout).strategies:
+            values = getattr(info.defaults, info.defaults.WhichOneof("kind"))
+            out[info.name] = {f.name: v for f, v in values.ListFields()}
+        return out
+
+    def model_info(self):
+        return self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=self.timeout)
+
+    def health(self, service: str = SERVICE) -> str:
+        """SERVING, NOT_SERVING, ... for the service ("" for the whole server)."""
+        reply = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.05) -> None:
+        """Block until the server reports SERVING (its models are loaded)."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                if self.health() == "SERVING":
+                    return
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+            if time.monotonic() > end:
+                raise TimeoutError(f"server not SERVING after {timeout} s")
+            time.sleep(interval)

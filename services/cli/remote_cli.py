@@ -1,0 +1,178 @@
+"""`dlm generate --target`, `dlm bench --target` and `dlm serve`: the CLI over gRPC."""
+
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import grpc
+
+from services.cli.client import DlmClient
+from services.common.params import BENCH_PROMPTS as PROMPTS
+from services.common.params import STATS_KEYS, parse_sets
+from services.serving.wire import FINISH_NAMES, pb, stats_dict
+
+
+def rpc_error(e: grpc.RpcError) -> int:
+    print(f"dlm: error: {e.code().name}: {e.details()}", file=sys.stderr)
+    return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+
+
+def generate_remote(args) -> int:
+    """Stream one prompt's text to the terminal as it commits, or print the in-process --json object."""
+    kwargs = dict(
+        strategy=args.strategy,
+        params=parse_sets(args.set),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=getattr(args, "stop", None) or (),
+    )
+    text, ids, done = [], [], None
+    try:
+        with DlmClient(args.target) as client:
+            for event in client.stream(args.prompt, **kwargs):
+                if isinstance(event, pb.Chunk):
+                    text.append(event.text)
+                    ids.extend(event.token_ids)
+                    if not args.json:
+                        print(event.text, end="", flush=True)
+                elif isinstance(event, pb.Complete):
+                    done = event
+    except grpc.RpcError as e:
+        return rpc_error(e)
+    if done is None:
+        print("dlm: error: the stream ended without completing", file=sys.stderr)
+        return 1
+    if args.json:
+        stats = stats_dict(done.stats)
+        out = {
+            "text": "".join(text),
+            "token_ids": ids,
+            "finish_reason": FINISH_NAMES[done.finish_reason],
+            "stats": {k: stats[k] for k in STATS_KEYS},
+        }
+        print(json.dumps(out))
+    else:
+        print()
+    return 0
+
+
+@dataclass(slots=True)
+class LoadRow:
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float  # aggregate over every stream
+    requests_per_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    ttft_mean_s: float  # client-side: request sent -> first text chunk
+    ms_per_round: float  # client-side latency over the engine's rounds: compare with in-process `dlm bench`
+    tpf: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, float, int, int]:
+    """(latency, time to first chunk, completion tokens, rounds) of one streamed request."""
+    start = time.perf_counter()
+    first, tokens, rounds = None, 0, 0
+    for event in client.stream(prompt, **kwargs):
+        if isinstance(event, pb.Chunk) and first is None:
+            first = time.perf_counter() - start
+        elif isinstance(event, pb.Complete):
+            tokens, rounds = event.usage.completion_tokens, event.stats.rounds
+    latency = time.perf_counter() - start
+    return latency, first if first is not None else latency, tokens, rounds
+
+
+def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict, rounds: int = 2) -> LoadRow:
+    """`concurrency` streams at once over the prompt set, each prompt sent `rounds` times at this level."""
+    work = [prompts[i % len(prompts)] for i in range(max(concurrency, len(prompts)) * rounds)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: timed_stream(client, p, kwargs), work))
+    wall = time.perf_counter() - start
+    latencies = [r[0] for r in results]
+    tokens, rounds = sum(r[2] for r in results), sum(r[3] for r in results)
+    return LoadRow(
+        concurrency,
+        len(work),
+        tokens,
+        wall,
+        tokens / wall,
+        len(work) / wall,
+        percentile(latencies, 0.5),
+        percentile(latencies, 0.9),
+        percentile(latencies, 0.99),
+        statistics.fmean(r[1] for r in results),
+        1000 * sum(latencies) / max(rounds, 1),
+        tokens / max(rounds, 1),
+    )
+
+
+def table(rows: list[LoadRow]) -> str:
+    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF")
+    lines = [" ".join(f"{h:>7}" for h in head)]
+    for r in rows:
+        lines.append(
+            f"{r.concurrency:>7} {r.requests:>7} {r.tokens_per_s:>7.1f} {r.requests_per_s:>7.2f} "
+            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f} "
+            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def bench_remote(args) -> int:
+    """Aggregate throughput and latency of a running server at each concurrency level."""
+    levels = [int(c) for c in str(args.concurrency).split(",") if c]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency expects positive integers like 1,4,16, got {args.concurrency!r}")
+    kwargs = dict(max_new_tokens=args.max_new_tokens, strategy=getattr(args, "strategy", None))
+    if getattr(args, "set", None):
+        kwargs["params"] = parse_sets(args.set)
+    try:
+        with DlmClient(args.target) as client:
+            client.wait_ready()
+            client.generate(PROMPTS[0], **{**kwargs, "max_new_tokens": 4})  # warm up outside the timings
+            rows = [load_level(client, c, PROMPTS, kwargs) for c in levels]
+    except grpc.RpcError as e:
+        return rpc_error(e)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+    return 0
+
+
+def serve_local(
+    config_path: str,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> int:
+    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM."""
+    import asyncio
+    import logging
+
+    from services.common.config import EngineConfig
+    from services.orchestrator.admission import local_admission
+    from services.orchestrator.backend import EngineBackend
+    from services.orchestrator.engine import Engine
+    from services.orchestrator.server import Limits, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype)
+    backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
+    asyncio.run(serve(backend, f"{host}:{port}", Limits()))
+    return 0

@@ -1,0 +1,409 @@
+"""Cache index: which replicas hold a request's KV, what it has committed, and how much KV each replica holds.
+
+The orchestrator keeps one `IndexEntry` per live request: the drafter and guider replicas that hold its KV cache
+(requests are routed back to them, like SGLang's cache-aware router), the committed token ids with the physical ->
+logical map of reordered slots (`Request.order`), and the strategy state needed to resume on another orchestrator.
+Every entry has a sliding TTL: each write refreshes it, and an entry nobody touched for `ttl_s` vanishes together
+with the KV tokens it held, so a crashed orchestrator leaks nothing for long.
+
+Per replica the index counts the KV tokens it holds. `reserve` is admission control against a per-replica budget
+in tokens (the block manager's `can_allocate` + `allocate` in one atomic step): call it when a request is admitted
+and again as it grows; `free` gives tokens back when a cache is trimmed, `release` everything a request holds.
+
+Two implementations share this interface and its tests: `EmbeddedCacheIndex` (in process, a lock and dicts) and
+`RedisCacheIndex` (redis_index.py). `make_index(url)` (indexes.py) picks one.
+
+Usage, per request::
+
+    if not index.reserve(drafter, prompt_len + max_new_tokens, budget, request_id=rid):
+        ...  # queue or reject: the replica is full
+    index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
+    index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9])   # every round; refreshes the TTL
+    index.update(rid, state={"credits": [...]})                    # strategy state, after a round
+    index.route(rid)                                               # Route(drafter=..., guider=...)
+    index.release(rid)                                             # finished or aborted
+"""
+
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
+from typing import NamedTuple
+
+# IndexEntry fields that `update` may change (request_id is the key).
+UPDATABLE = ("drafter", "guider", "committed_len", "token_ids", "order", "strategy", "params", "state", "ttl_s")
+
+
+@dataclass(slots=True)
+class IndexEntry:
+    """One request's entry.
+
+    `order` is the physical -> logical map of committed positions: logical generation positions (0 = first generated
+    token, as in `Request.order`) in commit order. `token_ids` are aligned with it: `token_ids[i]` is the token at
+    logical position `order[i]`, so a request resumes with `tokens[order] = token_ids`. `committed_len` is the
+    committed length (`commit` adds to it; normally `len(order)`). `params` and `state` must be JSON-serialisable:
+    they are stored as JSON, so `get` returns their JSON form (tuples come back as lists, int keys as strings).
+    `ttl_s`: seconds without a write before the entry vanishes; None in `put` (or `update(ttl_s=None)`) takes the
+    index's `default_ttl_s`, and `get` returns the TTL in force (None: never expires).
+    """
+
+    request_id: str
+    drafter: str | None = None  # replica id holding the drafter KV
+    guider: str | None = None  # replica id holding the guider KV
+    committed_len: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    strategy: str = ""
+    params: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
+    ttl_s: float | None = None
+
+
+class Route(NamedTuple):
+    drafter: str | None
+    guider: str | None
+
+
+class CacheIndex(ABC):
+    """The interface; both implementations are thread-safe and every operation is atomic."""
+
+    default_ttl_s: float | None
+
+    # ------------------------------------------------------------------ entries
+    @abstractmethod
+    def put(self, entry: IndexEntry) -> None:
+        """Create or replace the request's entry and (re)start its TTL. Tokens it already holds stay held."""
+
+    @abstractmethod
+    def update(self, request_id: str, **fields) -> IndexEntry:
+        """Change some fields of a live entry (names from `UPDATABLE`) and refresh its TTL; returns the new entry.
+        Raises KeyError when the request is unknown or expired. `update(rid)` alone is a heartbeat."""
+
+    @abstractmethod
+    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+        """Append committed positions (in commit order) and their tokens; add len(positions) to committed_len and
+        refresh the TTL. Raises KeyError when the request is unknown or expired."""
+
+    @abstractmethod
+    def get(self, request_id: str) -> IndexEntry | None:
+        """The entry, or None when unknown or expired. Does not refresh the TTL."""
+
+    @abstractmethod
+    def release(self, request_id: str) -> bool:
+        """Delete the entry and give every token it holds back to its replicas. True if there was anything."""
+
+    @abstractmethod
+    def route(self, request_id: str) -> Route | None:
+        """The replicas that hold the request's KV, or None when unknown or expired."""
+
+    @abstractmethod
+    def keys(self, request_id: str) -> list[str]:
+        """Every storage key the request owns (empty once released or expired)."""
+
+    # ------------------------------------------------------------------ replicas
+    @abstractmethod
+    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+        """Atomically: if replica_tokens(replica) + tokens <= budget, add `tokens` to the replica and return True;
+        else change nothing and return False. budget=None always admits (growth without a limit).
+        With a request_id the tokens are charged to that request: `release` gives them back, and they expire with
+        its entry (or after `default_ttl_s` when the request has no entry yet). Without one they stay until `free`."""
+
+    @abstractmethod
+    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+        """Give back up to `tokens` (a trimmed cache); with a request_id at most what it holds there.
+        Returns the tokens freed."""
+
+    @abstractmethod
+    def replica_tokens(self, replica: str) -> int:
+        """KV tokens the replica holds now (expired requests' tokens already given back)."""
+
+    @abstractmethod
+    def holdings(self, replica: str) -> dict[str, int]:
+        """request_id -> tokens the request holds on this replica (requests charged through `reserve`)."""
+
+    @abstractmethod
+    def replicas(self) -> list[str]:
+        """Every replica that ever reserved tokens, sorted."""
+
+    @abstractmethod
+    def storage_keys(self) -> list[str]:
+        """Every key the index stores (for tests and debugging)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def check_fields(updates: dict) -> None:
+    unknown = set(updates) - set(UPDATABLE)
+    if unknown:
+        raise TypeError(f"update: unknown fields {sorted(unknown)}; updatable fields are {UPDATABLE}")
+    if ("token_ids" in updates) != ("order" in updates):
+        raise ValueError("update: token_ids and order are aligned, replace them together (or use commit)")
+
+
+def check_commit(positions: list[int], token_ids: list[int]) -> tuple[list[int], list[int]]:
+    if len(positions) != len(token_ids):
+        raise ValueError(f"positions ({len(positions)}) and token_ids ({len(token_ids)}) must be aligned")
+    return check_ids("positions", positions), check_ids("token_ids", token_ids)
+
+
+def check_ids(name: str, ids: list[int]) -> list[int]:
+    ids = [int(i) for i in ids]
+    if any(i < 0 or i >= 1 << 32 for i in ids):
+        raise ValueError(f"{name}: values must fit in uint32")
+    return ids
+
+
+def json_copy(name: str, value: dict) -> dict:
+    """The JSON form of value (what both backends give back); TypeError when it is not JSON-serialisable."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be JSON-serialisable: {e}") from None
+
+
+def effective_ttl(ttl_s: float | None, default_ttl_s: float | None) -> float | None:
+    ttl = default_ttl_s if ttl_s is None else ttl_s
+    if ttl is not None and ttl <= 0:
+        raise ValueError(f"ttl_s must be > 0 or None, got {ttl}")
+    return ttl
+
+
+def normalise(entry: IndexEntry, default_ttl_s: float | None) -> IndexEntry:
+    """A validated copy of entry in the form get() returns."""
+    if not entry.request_id:
+        raise ValueError("request_id must be a non-empty string")
+    if len(entry.token_ids) != len(entry.order):
+        raise ValueError(f"token_ids ({len(entry.token_ids)}) and order ({len(entry.order)}) must be aligned")
+    return IndexEntry(
+        request_id=str(entry.request_id),
+        drafter=entry.drafter or None,
+        guider=entry.guider or None,
+        committed_len=int(entry.committed_len),
+        token_ids=check_ids("token_ids", entry.token_ids),
+        order=check_ids("order", entry.order),
+        strategy=str(entry.strategy or ""),
+        params=json_copy("params", entry.params),
+        state=json_copy("state", entry.state),
+        ttl_s=effective_ttl(entry.ttl_s, default_ttl_s),
+    )
+
+
+def copy_entry(entry: IndexEntry) -> IndexEntry:
+    return IndexEntry(**{f.name: _copy(getattr(entry, f.name)) for f in fields(IndexEntry)})
+
+
+def _copy(value):
+    if isinstance(value, list):  # token_ids, order: ints
+        return list(value)
+    return json.loads(json.dumps(value)) if isinstance(value, dict) else value
+
+
+class EmbeddedCacheIndex(CacheIndex):
+    """In-process index: one lock, plain dicts. Key names mirror RedisCacheIndex's (`dlm:req:{id}`, ...).
+
+    `clock` (monotonic seconds) is injectable for tests. Expired entries are dropped when touched and, at most once
+    per `sweep_interval_s`, all together; expired holdings when their replica is touched.
+    """
+
+    def __init__(
+        self,
+        default_ttl_s: float | None = 3600.0,
+        prefix: str = "dlm:",
+        clock=time.monotonic,
+        sweep_interval_s: float = 1.0,
+    ):
+        self.default_ttl_s = effective_ttl(None, default_ttl_s)
+        self.prefix = prefix
+        self._clock = clock
+        self._sweep_interval = sweep_interval_s
+        self._next_sweep = 0.0
+        self._lock = threading.RLock()
+        self._entries: dict[str, tuple[IndexEntry, float]] = {}  # id -> (entry, deadline; inf = never)
+        self._held: dict[str, dict[str, list]] = {}  # replica -> id -> [tokens, deadline]
+        self._totals: dict[str, int] = {}  # replica -> tokens held, request-charged and anonymous
+
+    # ------------------------------------------------------------------ internals (lock held)
+    def _deadline(self, ttl: float | None, now: float) -> float:
+        return float("inf") if ttl is None else now + ttl
+
+    def _now(self) -> float:
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._sweep_interval
+            for rid in [r for r, (_, d) in self._entries.items() if d <= now]:
+                del self._entries[rid]
+            for replica in list(self._held):
+                self._sweep(replica, now)
+        return now
+
+    def _live(self, rid: str, now: float) -> IndexEntry | None:
+        item = self._entries.get(rid)
+        if item is None:
+            return None
+        if item[1] <= now:
+            del self._entries[rid]
+            return None
+        return item[0]
+
+    def _sweep(self, replica: str, now: float) -> None:
+        held = self._held.get(replica)
+        if not held:
+            return
+        for rid in [r for r, (_, d) in held.items() if d <= now]:
+            self._totals[replica] -= held.pop(rid)[0]
+
+    def _refresh(self, rid: str, deadline: float, now: float) -> None:
+        """Holdings expire with their request: move their deadline to the entry's."""
+        for replica, held in self._held.items():
+            self._sweep(replica, now)
+            if rid in held:
+                held[rid][1] = deadline
+
+    def _store(self, entry: IndexEntry, now: float) -> None:
+        deadline = self._deadline(entry.ttl_s, now)
+        self._entries[entry.request_id] = (entry, deadline)
+        self._refresh(entry.request_id, deadline, now)
+
+    # ------------------------------------------------------------------ entries
+    def put(self, entry: IndexEntry) -> None:
+        entry = normalise(entry, self.default_ttl_s)
+        with self._lock:
+            self._store(entry, self._now())
+
+    def update(self, request_id: str, **updates) -> IndexEntry:
+        check_fields(updates)
+        with self._lock:
+            now = self._now()
+            entry = self._live(request_id, now)
+            if entry is None:
+                raise KeyError(request_id)
+            new = copy_entry(entry)
+            for k, v in updates.items():
+                setattr(new, k, v)
+            new.ttl_s = effective_ttl(updates["ttl_s"], self.default_ttl_s) if "ttl_s" in updates else entry.ttl_s
+            new = normalise(new, None)  # ttl already resolved: None here means never expires
+            self._store(new, now)
+            return copy_entry(new)
+
+    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+        positions, token_ids = check_commit(positions, token_ids)
+        with self._lock:
+            now = self._now()
+            entry = self._live(request_id, now)
+            if entry is None:
+                raise KeyError(request_id)
+            entry.order.extend(positions)
+            entry.token_ids.extend(token_ids)
+            entry.committed_len += len(positions)
+            self._store(entry, now)
+
+    def get(self, request_id: str) -> IndexEntry | None:
+        with self._lock:
+            entry = self._live(request_id, self._now())
+            return None if entry is None else copy_entry(entry)
+
+    def release(self, request_id: str) -> bool:
+        with self._lock:
+            now = self._now()
+            found = self._entries.pop(request_id, None) is not None
+            for replica, held in self._held.items():
+                self._sweep(replica, now)
+                if request_id in held:
+                    self._totals[replica] -= held.pop(request_id)[0]
+                    found = True
+            return found
+
+    def route(self, request_id: str) -> Route | None:
+        with self._lock:
+            entry = self._live(request_id, self._now())
+            return None if entry is None else Route(entry.drafter, entry.guider)
+
+    def keys(self, request_id: str) -> list[str]:
+        with self._lock:
+            if self._live(request_id, self._now()) is None:
+                return []
+            base = f"{self.prefix}req:{request_id}"
+            return [base, f"{base}:ids", f"{base}:order"]
+
+    # ------------------------------------------------------------------ replicas
+    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+        tokens = check_tokens(tokens)
+        with self._lock:
+            now = self._now()
+            self._held.setdefault(replica, {})
+            self._totals.setdefault(replica, 0)
+            self._sweep(replica, now)
+            if budget is not None and self._totals[replica] + tokens > budget:
+                return False
+            self._totals[replica] += tokens
+            if request_id:
+                item = self._held[replica].get(request_id)
+                if item is None:
+                    live = self._live(request_id, now) is not None
+                    deadline = self._entries[request_id][1] if live else self._deadline(self.default_ttl_s, now)
+                    self._held[replica][request_id] = [tokens, deadline]
+                else:
+                    item[0] += tokens
+            return True
+
+    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+        tokens = check_tokens(tokens)
+        with self._lock:
+            now = self._now()
+            if replica not in self._totals:
+                return 0
+            self._sweep(replica, now)
+            held = self._held[replica]
+            if request_id:
+                item = held.get(request_id)
+                if item is None:
+                    return 0
+                tokens = min(tokens, item[0])
+                item[0] -= tokens
+                if item[0] == 0:
+                    del held[request_id]
+            else:
+                tokens = min(tokens, self._totals[replica])
+            self._totals[replica] -= tokens
+            return tokens
+
+    def replica_tokens(self, replica: str) -> int:
+        with self._lock:
+            now = self._now()
+            self._sweep(replica, now)
+            return self._totals.get(replica, 0)
+
+    def holdings(self, replica: str) -> dict[str, int]:
+        with self._lock:
+            now = self._now()
+            self._sweep(replica, now)
+            return {rid: item[0] for rid, item in self._held.get(replica, {}).items()}
+
+    def replicas(self) -> list[str]:
+        with self._lock:
+            return sorted(self._totals)
+
+    def storage_keys(self) -> list[str]:
+        with self._lock:
+            now = self._now()
+            out = []
+            for rid in list(self._entries):
+                out += self.keys(rid) if self._live(rid, now) else []
+            for replica in self._totals:
+                self._sweep(replica, now)
+                base = f"{self.prefix}replica:{replica}"
+                out.append(f"{base}:tokens")
+                if self._held[replica]:
+                    out += [f"{base}:held", f"{base}:exp"]
+            return sorted(out + ([f"{self.prefix}replicas"] if self._totals else []))
+
+
+def check_tokens(tokens: int) -> int:
+    tokens = int(tokens)
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    return tokens

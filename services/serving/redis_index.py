@@ -1,0 +1,376 @@
+"""The cache index on Redis (>= 6.2): every operation is one Lua script, so each is atomic across orchestrators.
+
+Keys (prefix `dlm:` by default):
+
+    {p}req:{id}               hash: drafter, guider, committed_len, strategy, params (JSON), state (JSON), ttl_ms
+    {p}req:{id}:ids           string: committed token ids, little-endian uint32, commit order (APPEND per round)
+    {p}req:{id}:order         string: logical positions, little-endian uint32, commit order (physical -> logical)
+    {p}replica:{r}:tokens     int: KV tokens the replica holds
+    {p}replica:{r}:held       hash: request id -> tokens it holds on the replica
+    {p}replica:{r}:exp        zset: request id -> expiry (ms since the epoch, server clock; +inf: never)
+    {p}replicas               set: every replica that reserved tokens
+
+The three request keys share one TTL (PEXPIRE, refreshed by every write). Redis cannot run code when a key expires,
+so a replica's tokens are given back lazily: every script that touches a replica first sweeps the requests whose
+expiry has passed out of its `held`/`exp` and subtracts their tokens from its counter. Scripts build replica keys
+from the `replicas` set, which a single Redis instance allows and Redis Cluster does not (use one instance, as the
+Kubernetes manifests do).
+"""
+
+import json
+import struct
+
+import redis
+
+from services.serving.cache_index import (
+    CacheIndex,
+    IndexEntry,
+    Route,
+    check_commit,
+    check_fields,
+    check_ids,
+    check_tokens,
+    effective_ttl,
+    json_copy,
+    normalise,
+)
+
+__all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
+
+_LIB = """
+local P = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function fmt(x) return string.format('%d', x) end
+local function rkey(r, s) return P .. 'replica:' .. r .. ':' .. s end
+local function sweep(r, now)
+  local exp = rkey(r, 'exp')
+  local dead = redis.call('ZRANGEBYSCORE', exp, '-inf', '(' .. fmt(now))
+  if #dead == 0 then return end
+  local held = rkey(r, 'held')
+  local freed = 0
+  for _, rid in ipairs(dead) do
+    freed = freed + (tonumber(redis.call('HGET', held, rid)) or 0)
+    redis.call('HDEL', held, rid)
+    redis.call('ZREM', exp, rid)
+  end
+  if freed ~= 0 then redis.call('DECRBY', rkey(r, 'tokens'), freed) end
+end
+-- apply the entry's TTL to its three keys and move its holdings' expiry to the entry's
+local function touch(rid, now)
+  local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+  local score = '+inf'
+  for i = 1, 3 do
+    if ttl and ttl ~= '' then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
+  end
+  if ttl and ttl ~= '' then score = fmt(now + tonumber(ttl)) end
+  for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do
+    sweep(r, now)
+    if redis.call('ZSCORE', rkey(r, 'exp'), rid) then redis.call('ZADD', rkey(r, 'exp'), score, rid) end
+  end
+end
+local function snapshot()
+  if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+  return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or ''}
+end
+"""
+
+# ARGV: P, id, ttl_ms, drafter, guider, committed_len, strategy, params, state, ids, order
+_PUT = """
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'drafter', ARGV[4], 'guider', ARGV[5], 'committed_len', ARGV[6],
+           'strategy', ARGV[7], 'params', ARGV[8], 'state', ARGV[9], 'ttl_ms', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[10])
+redis.call('SET', KEYS[3], ARGV[11])
+touch(ARGV[2], now_ms())
+return 1
+"""
+
+# ARGV: P, id, ttl ('keep' | ms | '' for never), replace_ids ('0' | '1'), ids, order, field, value, ...
+_UPDATE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if ARGV[3] ~= 'keep' then redis.call('HSET', KEYS[1], 'ttl_ms', ARGV[3]) end
+if ARGV[4] == '1' then
+  redis.call('SET', KEYS[2], ARGV[5])
+  redis.call('SET', KEYS[3], ARGV[6])
+end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+touch(ARGV[2], now_ms())
+return snapshot()
+"""
+
+# ARGV: P, id, n, ids, order
+_COMMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('APPEND', KEYS[2], ARGV[4])
+redis.call('APPEND', KEYS[3], ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'committed_len', ARGV[3])
+touch(ARGV[2], now_ms())
+return 1
+"""
+
+_GET = """
+return snapshot()
+"""
+
+# ARGV: P, id
+_RELEASE = """
+local now = now_ms()
+local found = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do
+  sweep(r, now)
+  local h = redis.call('HGET', rkey(r, 'held'), ARGV[2])
+  if h then
+    redis.call('DECRBY', rkey(r, 'tokens'), h)
+    redis.call('HDEL', rkey(r, 'held'), ARGV[2])
+    redis.call('ZREM', rkey(r, 'exp'), ARGV[2])
+    found = found + 1
+  end
+end
+return found
+"""
+
+# ARGV: P, replica, tokens, budget ('' = none), id ('' = anonymous), default_ttl_ms ('' = never)
+_RESERVE = """
+local r, n, rid = ARGV[2], tonumber(ARGV[3]), ARGV[5]
+local now = now_ms()
+redis.call('SADD', P .. 'replicas', r)
+sweep(r, now)
+local total = tonumber(redis.call('GET', rkey(r, 'tokens')) or '0')
+if ARGV[4] ~= '' and total + n > tonumber(ARGV[4]) then return 0 end
+redis.call('INCRBY', rkey(r, 'tokens'), n)
+if rid ~= '' then
+  if not redis.call('ZSCORE', rkey(r, 'exp'), rid) then
+    local score = '+inf'
+    local pttl = redis.call('PTTL', P .. 'req:' .. rid)
+    if pttl >= 0 then score = fmt(now + pttl)
+    elseif pttl == -2 and ARGV[6] ~= '' then score = fmt(now + tonumber(ARGV[6])) end
+    redis.call('ZADD', rkey(r, 'exp'), score, rid)
+  end
+  redis.call('HINCRBY', rkey(r, 'held'), rid, n)
+end
+return 1
+"""
+
+# ARGV: P, replica, tokens, id ('' = anonymous)
+_FREE = """
+local r, n, rid = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+sweep(r, now_ms())
+if rid ~= '' then
+  local h = redis.call('HGET', rkey(r, 'held'), rid)
+  if not h then return 0 end
+  h = tonumber(h)
+  if n > h then n = h end
+  if n == h then
+    redis.call('HDEL', rkey(r, 'held'), rid)
+    redis.call('ZREM', rkey(r, 'exp'), rid)
+  else
+    redis.call('HINCRBY', rkey(r, 'held'), rid, -n)
+  end
+else
+  local total = tonumber(redis.call('GET', rkey(r, 'tokens')) or '0')
+  if n > total then n = total end
+end
+if n > 0 then redis.call('DECRBY', rkey(r, 'tokens'), n) end
+return n
+"""
+
+# ARGV: P, replica
+_REPLICA_TOKENS = """
+sweep(ARGV[2], now_ms())
+return tonumber(redis.call('GET', rkey(ARGV[2], 'tokens')) or '0')
+"""
+
+_HOLDINGS = """
+sweep(ARGV[2], now_ms())
+return redis.call('HGETALL', rkey(ARGV[2], 'held'))
+"""
+
+# ARGV: P -- sweep every replica (storage_keys); returns nothing
+_SWEEP_ALL = """
+local now = now_ms()
+for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do sweep(r, now) end
+return 1
+"""
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def unpack_ids(blob: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blob) // 4}I", blob))
+
+
+def _ttl_ms(ttl_s: float | None) -> str:
+    return "" if ttl_s is None else str(max(1, round(ttl_s * 1000)))
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+class RedisCacheIndex(CacheIndex):
+    def __init__(self, client: redis.Redis, prefix: str = "dlm:", default_ttl_s: float | None = 3600.0):
+        self.client = client
+        self.prefix = prefix
+        self.default_ttl_s = effective_ttl(None, default_ttl_s)
+        scripts = {
+            "put": _PUT,
+            "update": _UPDATE,
+            "commit": _COMMIT,
+            "get": _GET,
+            "release": _RELEASE,
+            "reserve": _RESERVE,
+            "free": _FREE,
+            "replica_tokens": _REPLICA_TOKENS,
+            "holdings": _HOLDINGS,
+            "sweep_all": _SWEEP_ALL,
+        }
+        self._scripts = {name: client.register_script(_LIB + src) for name, src in scripts.items()}
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "dlm:", default_ttl_s: float | None = 3600.0, **redis_kwargs):
+        """redis://[:password@]host:port/db, rediss://... (TLS) or unix:///path.sock; extra kwargs go to redis-py."""
+        redis_kwargs.setdefault("health_check_interval", 30)
+        return cls(redis.Redis.from_url(url, **redis_kwargs), prefix=prefix, default_ttl_s=default_ttl_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ------------------------------------------------------------------ internals
+    def _req_keys(self, request_id: str) -> list[str]:
+        base = f"{self.prefix}req:{request_id}"
+        return [base, f"{base}:ids", f"{base}:order"]
+
+    def _run(self, name: str, keys: list[str], *args):
+        return self._scripts[name](keys=keys, args=[self.prefix, *args])
+
+    def _decode(self, request_id: str, snap) -> IndexEntry | None:
+        if not snap:
+            return None
+        flat, ids, order = snap
+        h = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+        ttl = h.get("ttl_ms", b"").decode()
+        return IndexEntry(
+            request_id=request_id,
+            drafter=h["drafter"].decode() or None,
+            guider=h["guider"].decode() or None,
+            committed_len=int(h["committed_len"]),
+            token_ids=unpack_ids(ids),
+            order=unpack_ids(order),
+            strategy=h["strategy"].decode(),
+            params=json_loads(h["params"]),
+            state=json_loads(h["state"]),
+            ttl_s=int(ttl) / 1000 if ttl else None,
+        )
+
+    # ------------------------------------------------------------------ entries
+    def put(self, entry: IndexEntry) -> None:
+        e = normalise(entry, self.default_ttl_s)
+        self._run(
+            "put",
+            self._req_keys(e.request_id),
+            e.request_id,
+            _ttl_ms(e.ttl_s),
+            e.drafter or "",
+            e.guider or "",
+            e.committed_len,
+            e.strategy,
+            json_dumps(e.params),
+            json_dumps(e.state),
+            pack_ids(e.token_ids),
+            pack_ids(e.order),
+        )
+
+    def update(self, request_id: str, **updates) -> IndexEntry:
+        check_fields(updates)
+        ttl = _ttl_ms(effective_ttl(updates["ttl_s"], self.default_ttl_s)) if "ttl_s" in updates else "keep"
+        replace = "token_ids" in updates
+        if replace:
+            ids, order = check_ids("token_ids", updates["token_ids"]), check_ids("order", updates["order"])
+            if len(ids) != len(order):
+                raise ValueError(f"token_ids ({len(ids)}) and order ({len(order)}) must be aligned")
+        pairs = []
+        for k in ("drafter", "guider", "strategy"):
+            if k in updates:
+                pairs += [k, str(updates[k] or "")]
+        if "committed_len" in updates:
+            pairs += ["committed_len", int(updates["committed_len"])]
+        for k in ("params", "state"):
+            if k in updates:
+                pairs += [k, json_dumps(json_copy(k, updates[k]))]
+        snap = self._run(
+            "update",
+            self._req_keys(request_id),
+            request_id,
+            ttl,
+            "1" if replace else "0",
+            pack_ids(ids) if replace else b"",
+            pack_ids(order) if replace else b"",
+            *pairs,
+        )
+        if not snap:
+            raise KeyError(request_id)
+        return self._decode(request_id, snap)
+
+    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+        positions, token_ids = check_commit(positions, token_ids)
+        ok = self._run(
+            "commit", self._req_keys(request_id), request_id, len(positions), pack_ids(token_ids), pack_ids(positions)
+        )
+        if not ok:
+            raise KeyError(request_id)
+
+    def get(self, request_id: str) -> IndexEntry | None:
+        return self._decode(request_id, self._run("get", self._req_keys(request_id), request_id))
+
+    def release(self, request_id: str) -> bool:
+        return bool(self._run("release", self._req_keys(request_id), request_id))
+
+    def route(self, request_id: str) -> Route | None:
+        drafter, guider, exists = self.client.hmget(self._req_keys(request_id)[0], "drafter", "guider", "ttl_ms")
+        if exists is None:
+            return None
+        return Route(drafter.decode() or None, guider.decode() or None)
+
+    def keys(self, request_id: str) -> list[str]:
+        keys = self._req_keys(request_id)
+        with self.client.pipeline(transaction=True) as p:
+            for k in keys:
+                p.exists(k)
+            found = p.execute()
+        return [k for k, n in zip(keys, found, strict=True) if n]
+
+    # ------------------------------------------------------------------ replicas
+    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+        default = _ttl_ms(self.default_ttl_s)
+        budget = "" if budget is None else int(budget)
+        return bool(self._run("reserve", [], replica, check_tokens(tokens), budget, request_id or "", default))
+
+    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+        return int(self._run("free", [], replica, check_tokens(tokens), request_id or ""))
+
+    def replica_tokens(self, replica: str) -> int:
+        return int(self._run("replica_tokens", [], replica))
+
+    def holdings(self, replica: str) -> dict[str, int]:
+        flat = self._run("holdings", [], replica)
+        return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def replicas(self) -> list[str]:
+        return sorted(r.decode() for r in self.client.smembers(f"{self.prefix}replicas"))
+
+    def storage_keys(self) -> list[str]:
+        self._run("sweep_all", [])
+        return sorted(k.decode() for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "*", count=1000))
+
+
+def json_dumps(value: dict) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def json_loads(raw: bytes) -> dict:
+    return json.loads(raw)

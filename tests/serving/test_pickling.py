@@ -1,0 +1,60 @@
+"""What crosses a Serve hop pickles compactly once services.serving.pickling is imported: tensors as numpy
+arrays and generators as their state, under pickle and under Ray's cloudpickle alike."""
+
+import pickle
+
+import pytest
+import torch
+
+from services.common.calls import Reply
+from services.common.proposal import Decision, Proposal, Verdict
+from services.common.request import Request
+from services.common.sampling import SamplingParams
+from services.serving import pickling  # noqa: F401 (the reducers under test)
+
+
+def live_request() -> Request:
+    req = Request("r1", [5, 6, 7], 16, mask_id=1, eos_id=0, sampling=SamplingParams(0.7, 0.9, seed=3))
+    req.decide(torch.tensor([0, 1]), torch.tensor([11, 12]))
+    req.fill(torch.tensor([4]), torch.tensor([13]))
+    req.commit([0, 1])
+    req.state["credits"] = [1.5]
+    req.stats.add({"rounds": 2})
+    torch.rand(4, generator=req.generator)  # the RNG has moved on from its seed
+    return req
+
+
+def assert_same_request(a: Request, b: Request) -> None:
+    for name in ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order", "state"):
+        assert getattr(a, name) == getattr(b, name), name
+    for name in ("tokens", "decided", "filled", "committed"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.stats.counters() == b.stats.counters()
+    assert torch.equal(torch.rand(8, generator=a.generator), torch.rand(8, generator=b.generator))
+
+
+@pytest.mark.parametrize("dumps", [pickle.dumps, "cloudpickle"])
+def test_request_round_trips_compactly(dumps):
+    if dumps == "cloudpickle":
+        dumps = pytest.importorskip("ray.cloudpickle").dumps
+    req = live_request()
+    data = dumps(req)
+    assert b"torch" not in data  # no tensor, storage or generator reduce: numpy arrays and the RNG state only
+    assert_same_request(pickle.loads(data), req)
+
+
+def test_stage_values_round_trip_compactly():
+    proposal = Proposal(torch.arange(3), torch.tensor([4, 5, 6]), torch.rand(3), torch.rand(3), None)
+    verdict = Verdict(
+        *(torch.arange(2) for _ in range(3)), torch.zeros(2, 4, dtype=torch.long), torch.rand(2), torch.rand(2)
+    )
+    decision = Decision(torch.tensor([0]), torch.tensor([9]))
+    reply = Reply(proposal, 7, torch.Generator().manual_seed(5))
+    data = pickle.dumps([proposal, verdict, decision, reply])
+    assert b"torch" not in data
+    p, v, d, r = pickle.loads(data)
+    assert torch.equal(p.ids, proposal.ids) and p.logits is None
+    assert torch.equal(v.topk, verdict.topk) and v.filter_scores is None
+    assert torch.equal(d.fill_ids, decision.fill_ids) and torch.equal(d.ids, decision.ids)
+    assert torch.equal(r.value.probs, proposal.probs) and r.tokens == 7
+    assert torch.equal(torch.rand(2, generator=r.generator), torch.rand(2, generator=torch.Generator().manual_seed(5)))
