@@ -10,6 +10,7 @@ from services.common.models import load_model
 from services.common.remote_call import Reply, run_batch, run_groups
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
 from services.dlm_drafter.causal import CausalDrafter
+from services.dlm_drafter.serial import SerialBidirectionalDrafter
 
 
 @serve.deployment(name="drafter")
@@ -24,8 +25,8 @@ class DrafterDeployment:
         self.full = None
         if "drafter_bidirectional" in self.config.models:
             path = self.config.models["drafter_bidirectional"]
-            self.full = load_model(path, self.config.device, self.config.dtype)
-        self.bidirectional: dict[str, BidirectionalDrafter] = {}  # request id -> its drafter (cache mode)
+            self.full = BidirectionalDrafter(load_model(path, self.config.device, self.config.dtype))
+        self.bidirectional: dict[str, SerialBidirectionalDrafter] = {}  # request id -> its cache mode and BlockCache
         self.batches: Counter[int] = Counter()  # batch size -> forwards
         for method in (self.propose, self.forward):
             method.set_max_batch_size(max_batch_size)
@@ -57,7 +58,8 @@ class DrafterDeployment:
         if self.full is None:
             raise ValueError("no bidirectional drafter configured (models.drafter_bidirectional)")
         if req.id not in self.bidirectional:
-            self.bidirectional[req.id] = BidirectionalDrafter(self.full, cache, Smoothing() if smoothing else None)
+            smoothing = Smoothing() if smoothing else None
+            self.bidirectional[req.id] = SerialBidirectionalDrafter(self.full, cache, smoothing)
         drafter = self.bidirectional[req.id]
         return without_logits(
             run_batch(lambda calls: [drafter.propose(r, g) for r, g in calls], [(req, region)])[0], logits
@@ -72,7 +74,7 @@ class DrafterDeployment:
         """Request id -> KV tokens this replica holds for it."""
         held = {rid: self.causal.cached_tokens(rid) for rid in self.causal.caches} if self.causal else {}
         held.update(
-            {rid: d.caches[rid].kv.get_seq_length() for rid, d in self.bidirectional.items() if rid in d.caches}
+            {rid: d.states[rid].kv.get_seq_length() for rid, d in self.bidirectional.items() if rid in d.states}
         )
         return held
 

@@ -21,6 +21,7 @@ from services.common import tasks
 from services.common.config import EngineConfig
 from services.common.proposal import Region
 from services.dlm_drafter.bidirectional import BidirectionalDrafter
+from services.dlm_drafter.serial import SerialBidirectionalDrafter
 from services.filter.model import FilterConfig, Learn2PDFilter
 from services.orchestrator.engine import Engine
 
@@ -70,7 +71,7 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
     end = reference.frontier
     req = engine.request(prompt, cfg.max_new_tokens)
     req.horizon = end
-    drafter = BidirectionalDrafter(engine.models.load("drafter_bidirectional"))
+    drafter = SerialBidirectionalDrafter(BidirectionalDrafter(engine.models.load("drafter_bidirectional")))
     rows = []
     for start in range(0, end, cfg.block_size):
         region = Region(start, min(start + cfg.block_size, end))

@@ -14,6 +14,7 @@ from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
 from services.dlm_drafter.causal import CausalDrafter
+from services.dlm_drafter.serial import SerialBidirectionalDrafter
 from services.filter.model import Learn2PDFilter
 from services.orchestrator.loop import decode
 from services.orchestrator.strategies import make_params
@@ -37,7 +38,7 @@ class ModelPool:
         """logits: whether proposals must carry the full distribution (in process they always do)."""
         if family == "causal":
             return CausalDrafter(self.load("drafter"))
-        return BidirectionalDrafter(self.load("drafter_bidirectional"), cache, smoothing)
+        return SerialBidirectionalDrafter(BidirectionalDrafter(self.load("drafter_bidirectional")), cache, smoothing)
 
     def guider(self) -> Guider:
         return Guider(self.load("guider"))

@@ -20,6 +20,7 @@ from services.common.models import load_meta, load_model, make_bidirectional
 from services.common.proposal import Region, never_mask
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import BidirectionalDrafter
+from services.dlm_drafter.serial import SerialBidirectionalDrafter
 from services.orchestrator.engine import Engine
 from tests.tiny import tokenizer
 
@@ -389,7 +390,7 @@ def test_dream_shift_is_honoured(ckpt):
     """A block's prediction for position i is the full forward's output at i - 1, not at i."""
     loaded = load_model(ckpt["paths"]["dream"])
     req, region = dream_request(loaded), Region(8, 16)
-    proposal = BidirectionalDrafter(loaded).propose(req, region)
+    proposal = SerialBidirectionalDrafter(BidirectionalDrafter(loaded)).propose(req, region)
     seq = torch.tensor(req.prompt_ids + req.tokens.tolist())[None]
     with torch.no_grad():
         full = never_mask(loaded.model(input_ids=seq).logits[0].float(), loaded.mask_id)
@@ -403,7 +404,8 @@ def test_dream_shift_is_honoured(ckpt):
 def test_dream_cached_block_forward_matches_full_forward(ckpt, cache):
     """The window reaches one position before the block: cached forwards still equal the uncached one."""
     loaded = load_model(ckpt["paths"]["dream"])
-    full, cached = BidirectionalDrafter(loaded, "none"), BidirectionalDrafter(loaded, cache)
+    drafter = BidirectionalDrafter(loaded)
+    full, cached = SerialBidirectionalDrafter(drafter, "none"), SerialBidirectionalDrafter(drafter, cache)
     reference = full.propose(dream_request(loaded), Region(8, 16)).logits
     req = dream_request(loaded)
     first = cached.propose(req, Region(8, 16))
