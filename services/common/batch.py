@@ -75,8 +75,10 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
 def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
     device, past = model.device, cache_len(item.cache)
     n = len(item.input_ids)
-    ids = torch.tensor(item.input_ids, device=device)[None]
-    inputs = {"input_ids": ids} if item.embeds is None else {"inputs_embeds": item.embeds[None]}
+    if item.embeds is None:
+        inputs = {"input_ids": torch.tensor(item.input_ids, device=device)[None]}
+    else:
+        inputs = {"inputs_embeds": item.embeds[None]}
     out = model(
         **inputs,
         position_ids=torch.tensor(item.position_ids, device=device)[None],

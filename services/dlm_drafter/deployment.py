@@ -58,8 +58,9 @@ class DrafterDeployment:
         if self.full is None:
             raise ValueError("no bidirectional drafter configured (models.drafter_bidirectional)")
         if req.id not in self.bidirectional:
-            smoothing = Smoothing() if smoothing else None
-            self.bidirectional[req.id] = SerialBidirectionalDrafter(self.full, cache, smoothing)
+            self.bidirectional[req.id] = SerialBidirectionalDrafter(
+                self.full, cache, Smoothing() if smoothing else None
+            )
         drafter = self.bidirectional[req.id]
         return without_logits(
             run_batch(lambda calls: [drafter.propose(r, g) for r, g in calls], [(req, region)])[0], logits
