@@ -2,7 +2,8 @@
 
 Per request i: past cache of L_i tokens, new tokens q_i, the first keep_i of which join its cache afterwards.
 Batched layout: past caches right-padded to L = max L_i, new tokens right-padded to Q = max q_i, and a 4D mask
-[B, 1, Q, L + Q] that hides padding and, where groups are given, isolates spans from each other.
+[B, 1, Q, L + Q] that hides padding and, where groups are given, isolates spans from each other. New tokens see
+each other causally, or both ways where the model is bidirectional (config.is_causal False, as on B = 1).
 """
 
 from dataclasses import dataclass
@@ -20,16 +21,19 @@ class Item:
     position_ids: list[int]
     keep: int  # new tokens whose KV stays in the cache
     groups: torch.Tensor | None = None  # [q] span id per new token; -1 = sees everything before it
+    embeds: torch.Tensor | None = None  # [q, H] input embeddings in place of input_ids' (iteration smoothing)
 
 
-def attention_mask(items: list[Item], past: int, q: int) -> torch.Tensor:
+def attention_mask(items: list[Item], past: int, q: int, causal: bool = True) -> torch.Tensor:
     """[B, 1, Q, L + Q] bool, True = attend."""
     mask = torch.zeros(len(items), 1, q, past + q, dtype=torch.bool)
-    causal = torch.ones(q, q, dtype=torch.bool).tril()
+    among_new = torch.ones(q, q, dtype=torch.bool)
+    if causal:
+        among_new = among_new.tril()
     for b, item in enumerate(items):
         n = len(item.input_ids)
         mask[b, 0, :, : cache_len(item.cache)] = True
-        new = causal[:n, :n].clone()
+        new = among_new[:n, :n].clone()
         if item.groups is not None:
             g = item.groups
             new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
@@ -51,11 +55,15 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     for b, item in enumerate(items):
         ids[b, : len(item.input_ids)] = torch.tensor(item.input_ids)
         pos[b, : len(item.position_ids)] = torch.tensor(item.position_ids)
+    embeds = model.get_input_embeddings()(ids.to(device))  # [B, Q, H]
+    for b, item in enumerate(items):
+        if item.embeds is not None:
+            embeds[b, : len(item.input_ids)] = item.embeds
     batched = stack([item.cache for item in items], past, model)
     out = model(
-        input_ids=ids.to(device),
+        inputs_embeds=embeds,
         position_ids=pos.to(device),
-        attention_mask=attention_mask(items, past, q).to(device),
+        attention_mask=attention_mask(items, past, q, getattr(model.config, "is_causal", True)).to(device),
         past_key_values=batched,
         use_cache=True,
     )
@@ -67,8 +75,12 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
 def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
     device, past = model.device, cache_len(item.cache)
     n = len(item.input_ids)
+    if item.embeds is None:
+        inputs = {"input_ids": torch.tensor(item.input_ids, device=device)[None]}
+    else:
+        inputs = {"inputs_embeds": item.embeds[None]}
     out = model(
-        input_ids=torch.tensor(item.input_ids, device=device)[None],
+        **inputs,
         position_ids=torch.tensor(item.position_ids, device=device)[None],
         attention_mask=torch.ones(1, past + n, dtype=torch.long, device=device),
         past_key_values=item.cache,

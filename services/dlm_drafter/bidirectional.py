@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from services.common.kv import drop_range, truncate
+from services.common.batch import Item, forward
+from services.common.kv import cache_len, drop_range, truncate
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
@@ -52,12 +53,14 @@ def new_cache() -> BlockCache:
 class BidirectionalCall:
     req: Request
     region: Region
-    state: BlockCache  # the request's cache, owned by the caller's KV manager
-    cache: str  # cache mode
+    state: BlockCache  # the request's cache, owned by the caller; a new request brings BlockCache(DynamicCache())
+    cache: str  # one of CACHE_MODES
     smoothing: Smoothing | None
 
 
 class BidirectionalDrafter:
+    """Stateless over requests: each call brings its cache state, cache mode and smoothing."""
+
     family = "bidirectional"
 
     def __init__(self, loaded: LoadedModel):
@@ -67,76 +70,88 @@ class BidirectionalDrafter:
         self.model = loaded.model
         self.shift = loaded.meta.logits_shift
 
-    def propose_batch(self, calls: list[BidirectionalCall]) -> list[tuple[Proposal, int]]:
-        out = []
-        for call in calls:
-            self.cache_mode, self.smoothing = call.cache, call.smoothing
-            out.append(self.propose(call.req, call.region, call.state))
-        return out
-
     @torch.inference_mode()
-    def propose(self, req: Request, region: Region, state: BlockCache) -> tuple[Proposal, int]:
+    def propose_batch(self, calls: list[BidirectionalCall]) -> list[tuple[Proposal, int]]:
+        """Every call in one padded forward -> (its proposal, token instances it pushed through the model).
+
+        Mixed cache modes share the forward: each row sees only its own cache (whatever its physical layout: RoPE
+        is already in the cached keys) and its own new tokens, both ways.
+        """
+        for call in calls:
+            if call.cache not in CACHE_MODES:
+                raise ValueError(f"cache must be one of {CACHE_MODES}, got {call.cache!r}")
+        plans = [self.plan(call) for call in calls]
+        logits = forward(self.model, [item for item, _, _ in plans])
+        return [self.finish(call, *plan, out) for call, plan, out in zip(calls, plans, logits, strict=True)]
+
+    def plan(self, call: BidirectionalCall) -> tuple[Item, int, int]:
+        """The call's row of the batch, with its past cache length and the physical start lo of its window."""
+        req, region, state = call.req, call.region, call.state
         if region.start != state.block_start:
-            self.enter_block(state, region)
+            enter_block(state, region, call.cache)
         P, end = req.prompt_len, req.horizon
-        seq = torch.tensor(req.prompt_ids + req.tokens[:end].tolist())  # [P + horizon]
-        past = state.kv.get_seq_length()
-        lo, hi = self.span(state, region, P, end)
-        out = self.model(
-            inputs_embeds=self.embed(req, state, seq, region, lo, hi)[None],
-            position_ids=torch.arange(lo, hi, device=self.model.device)[None],
-            attention_mask=torch.ones(1, past + hi - lo, dtype=torch.long, device=self.model.device),
-            past_key_values=state.kv,
-            use_cache=True,
-        )
-        tokens = hi - lo - (P if not state.prefilled else 0)
+        seq = req.prompt_ids + req.tokens[:end].tolist()  # [P + horizon]
+        past = cache_len(state.kv)
+        lo, hi = self.span(call, P, end)
+        keep = self.kept(call, P, past, hi - lo)
+        return Item(state.kv, seq[lo:hi], list(range(lo, hi)), keep, embeds=self.smoothed(call, seq, lo, hi)), past, lo
+
+    def finish(
+        self, call: BidirectionalCall, item: Item, past: int, lo: int, logits: torch.Tensor
+    ) -> tuple[Proposal, int]:
+        req, region, state = call.req, call.region, call.state
+        P = req.prompt_len
+        if call.cache == "dual" and past == 0:  # keep prefix and suffix of the full forward; order is free
+            drop_range(state.kv, P + region.start - self.shift, P + region.end)
+        elif call.cache in ("prefix", "freecache"):
+            state.frozen = region.start
+        tokens = len(item.input_ids) - (P if not state.prefilled else 0)
         state.prefilled = True
-        self.keep(state, region, P, past)
         first = P + region.start - self.shift - lo  # the output predicting the block's first position
-        logits = out.logits[0, first : first + region.end - region.start].float()  # [block, V]
+        logits = logits[first : first + region.end - region.start]  # [block, V]
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1)
-        if self.smoothing:
+        if call.smoothing:
             state.last_probs = torch.softmax(logits, -1)
         state.step += 1
         proposal = propose_from_logits(masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id)
         return proposal, tokens
 
-    def enter_block(self, state: BlockCache, region: Region) -> None:
-        state.block_start, state.step, state.last_probs = region.start, 0, None
-        if self.cache_mode in ("prefix", "dual"):
-            truncate(state.kv, 0)  # a full refresh at every new block
-
-    def span(self, state: BlockCache, region: Region, P: int, end: int) -> tuple[int, int]:
+    def span(self, call: BidirectionalCall, P: int, end: int) -> tuple[int, int]:
         """Physical span [lo, hi) of prompt + canvas that this forward recomputes."""
-        if self.cache_mode == "none" or state.kv.get_seq_length() == 0:
+        state, region = call.state, call.region
+        if call.cache == "none" or cache_len(state.kv) == 0:
             return 0, P + end
-        if self.cache_mode == "dual":
+        if call.cache == "dual":
             return P + region.start - self.shift, P + region.end
-        if self.cache_mode == "prefix":
+        if call.cache == "prefix":
             return P + region.start - self.shift, P + end
         return P + state.frozen - self.shift, P + end
 
-    def keep(self, state: BlockCache, region: Region, P: int, past: int) -> None:
-        if self.cache_mode == "none":
-            truncate(state.kv, 0)
-        elif self.cache_mode == "dual":
-            if past == 0:  # keep prefix and suffix of the full forward; order is free under full attention
-                drop_range(state.kv, P + region.start - self.shift, P + region.end)
-            else:
-                truncate(state.kv, past)
-        else:
-            state.frozen = region.start
-            truncate(state.kv, P + region.start - self.shift)
+    def kept(self, call: BidirectionalCall, P: int, past: int, new: int) -> int:
+        """How many of the forward's new tokens join the cache (all, for dual's full forward: finish cuts the block)."""
+        if call.cache == "none" or (call.cache == "dual" and past > 0):
+            return 0
+        if call.cache == "dual":
+            return new
+        return P + call.region.start - self.shift - past  # prefix, freecache: the cache ends where the window starts
 
-    def embed(self, req: Request, state: BlockCache, seq: torch.Tensor, region: Region, lo: int, hi: int):
-        embeds = self.model.get_input_embeddings()(seq[lo:hi].to(self.model.device))
-        if self.smoothing is None or state.last_probs is None:
-            return embeds
+    def smoothed(self, call: BidirectionalCall, seq: list[int], lo: int, hi: int) -> torch.Tensor | None:
+        """[hi - lo, H] inputs with alpha * expected embedding added at the block's masks; None without smoothing."""
+        req, region, state = call.req, call.region, call.state
+        if call.smoothing is None or state.last_probs is None:
+            return None
+        embeds = self.model.get_input_embeddings()(torch.tensor(seq[lo:hi], device=self.model.device))
         weight = self.model.get_input_embeddings().weight
-        alpha = self.smoothing.alpha(state.step)
+        alpha = call.smoothing.alpha(state.step)
         block = torch.arange(region.start, region.end)
         masked = ~req.decided[block]
         rows = block[masked] + req.prompt_len - lo
         last = state.last_probs[: len(block)]  # an EOS may have cut the block since the last forward
         embeds[rows] = embeds[rows] + alpha * (last[masked].to(weight.dtype) @ weight)
         return embeds
+
+
+def enter_block(state: BlockCache, region: Region, cache: str) -> None:
+    state.block_start, state.step, state.last_probs = region.start, 0, None
+    if cache in ("prefix", "dual"):
+        truncate(state.kv, 0)  # a full refresh at every new block

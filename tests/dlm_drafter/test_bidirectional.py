@@ -1,19 +1,48 @@
-"""Bidirectional drafter: cache modes over the same block agree with a full forward where inputs are unchanged."""
+"""Bidirectional drafter: cache modes over the same block agree with a full forward where inputs are unchanged, and a
+padded batch over requests (any mix of cache modes, smoothing, prompts, blocks) equals their proposals one by one."""
+
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from transformers import DynamicCache
 
-from services.common.models import load_model
-from services.common.proposal import Region
+from services.common.kv import cache_len
+from services.common.models import LoadedModel, load_model
+from services.common.proposal import Proposal, Region
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import BidirectionalDrafter, Smoothing
+from services.dlm_drafter.bidirectional import (
+    CACHE_MODES,
+    BidirectionalCall,
+    BidirectionalDrafter,
+    BlockCache,
+    Smoothing,
+)
+from services.dlm_drafter.host import DrafterHost
+
+
+class Serial:
+    """One request at a time through the drafter host, as a propose stage calls it; counts what the engine counts."""
+
+    def __init__(self, loaded: LoadedModel, cache: str, smoothing: Smoothing | None):
+        self.host, self.cache, self.smoothing = DrafterHost(None, loaded, 10**6), cache, smoothing
+
+    def propose(self, req: Request, region: Region) -> Proposal:
+        reply = self.host.propose_bidirectional([(req, region, self.cache, self.smoothing, True)])[0]
+        req.stats.drafter_forwards += 1
+        req.stats.drafter_tokens_processed += reply.tokens
+        return reply.value
+
+
+def serial(loaded: LoadedModel, cache: str = "none", smoothing: Smoothing | None = None) -> Serial:
+    return Serial(loaded, cache, smoothing)
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual", "freecache"])
 def test_cached_block_forward_matches_full_forward(tiny_zoo, cache):
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
     assert loaded.bidirectional
-    full, cached = BidirectionalDrafter(loaded, "none"), BidirectionalDrafter(loaded, cache)
+    full, cached = serial(loaded, "none"), serial(loaded, cache)
     req = Request("r", [5, 9, 11, 7], 24, loaded.mask_id, loaded.eos_id)
     req.decide(torch.arange(8), torch.arange(30, 38))
     region = Region(8, 16)
@@ -26,7 +55,7 @@ def test_cached_block_forward_matches_full_forward(tiny_zoo, cache):
 
 def test_bidirectional_attention_sees_the_future(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
-    drafter = BidirectionalDrafter(loaded)
+    drafter = serial(loaded)
     req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
     before = drafter.propose(req, Region(0, 4)).logits
     req.decide(torch.tensor([7]), torch.tensor([42]))  # a later token changes earlier predictions
@@ -36,7 +65,7 @@ def test_bidirectional_attention_sees_the_future(tiny_zoo):
 
 def test_iteration_smoothing_changes_masked_inputs(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
-    plain, smooth = BidirectionalDrafter(loaded), BidirectionalDrafter(loaded, smoothing=Smoothing())
+    plain, smooth = serial(loaded), serial(loaded, smoothing=Smoothing())
     req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
     region = Region(0, 8)
     torch.testing.assert_close(plain.propose(req, region).logits, smooth.propose(req, region).logits)
@@ -45,9 +74,110 @@ def test_iteration_smoothing_changes_masked_inputs(tiny_zoo):
 
 def test_iteration_smoothing_survives_an_eos_cutting_the_block(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
-    drafter = BidirectionalDrafter(loaded, smoothing=Smoothing())
+    drafter = serial(loaded, smoothing=Smoothing())
     req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
     drafter.propose(req, Region(0, 8))
     req.decide(torch.tensor([5]), torch.tensor([loaded.eos_id]))  # horizon 8 -> 6
     proposal = drafter.propose(req, Region(0, req.horizon))
     assert proposal.positions.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_host_counts_tokens_past_the_prompt(tiny_zoo):
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    drafter = serial(loaded, "dual")
+    req = Request("r", [5, 9, 11, 7], 16, loaded.mask_id, loaded.eos_id)
+    drafter.propose(req, Region(0, 8))  # full forward: 4 + 16, the prompt not counted
+    drafter.propose(req, Region(0, 8))  # the block alone
+    assert (req.stats.drafter_forwards, req.stats.drafter_tokens_processed) == (2, 16 + 8)
+
+
+# --- batched == one by one ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Spec:
+    prompt: list[int]
+    block: int
+    cache: str
+    smoothing: bool
+    decided: tuple[int, ...] = ()  # positions decided before the first round
+
+
+PROMPTS = [[5, 9, 11], [5, 9, 11, 7, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+BLOCKS = [4, 6, 8, 4]
+
+
+def specs_for(modes: list[str]) -> list[Spec]:
+    """Each mode with smoothing off and on, over different prompts and block sizes; some slots decided ahead."""
+    return [
+        Spec(PROMPTS[i % 4], BLOCKS[(i + i // 4) % 4], mode, smoothing, (9,) if i % 3 == 0 else ())
+        for i, (mode, smoothing) in enumerate((m, s) for m in modes for s in (False, True))
+    ]
+
+
+def region_of(req: Request, block: int) -> Region | None:
+    """The block holding the frontier; None once the request is done."""
+    if req.frontier >= req.horizon:
+        return None
+    start = req.frontier // block * block
+    return Region(start, min(start + block, req.horizon))
+
+
+def decode(loaded: LoadedModel, specs: list[Spec], batched: bool, rounds: int = 7):
+    """Every round: propose for every live request (one batch, or one call each), then decide the first and the last
+    proposed position, so blocks finish in 1-4 rounds and requests enter new blocks at different rounds."""
+    drafter = BidirectionalDrafter(loaded)
+    reqs = [Request(f"r{i}", s.prompt, 20, loaded.mask_id, loaded.eos_id) for i, s in enumerate(specs)]
+    for req, spec in zip(reqs, specs, strict=True):
+        if spec.decided:
+            req.decide(torch.tensor(spec.decided), torch.full((len(spec.decided),), 50))
+    states = [BlockCache(DynamicCache()) for _ in specs]
+    history: list[list[tuple[Proposal, int]]] = []
+    for _ in range(rounds):
+        calls = []
+        for req, spec, state in zip(reqs, specs, states, strict=True):
+            region = region_of(req, spec.block)
+            if region is not None:
+                calls.append(BidirectionalCall(req, region, state, spec.cache, Smoothing() if spec.smoothing else None))
+        results = drafter.propose_batch(calls) if batched else [drafter.propose_batch([c])[0] for c in calls]
+        history.append(results)
+        for call, (proposal, _) in zip(calls, results, strict=True):
+            pick = torch.tensor([0, len(proposal.positions) - 1]).unique()
+            call.req.decide(proposal.positions[pick], proposal.ids[pick])
+    return history, states
+
+
+def assert_batch_equals_one_by_one(loaded: LoadedModel, specs: list[Spec]) -> None:
+    batched, batched_states = decode(loaded, specs, batched=True)
+    alone, alone_states = decode(loaded, specs, batched=False)
+    for round_, (together, single) in enumerate(zip(batched, alone, strict=True)):
+        assert len(together) == len(single) > 1, f"round {round_}: nothing left to batch"
+        for (b, b_tokens), (a, a_tokens) in zip(together, single, strict=True):
+            torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=0)
+            assert torch.equal(b.positions, a.positions) and torch.equal(b.ids, a.ids)
+            assert b_tokens == a_tokens
+    for b, a in zip(batched_states, alone_states, strict=True):
+        assert (cache_len(b.kv), b.block_start, b.frozen, b.step) == (cache_len(a.kv), a.block_start, a.frozen, a.step)
+
+
+@pytest.mark.parametrize("cache", CACHE_MODES)
+def test_batch_equals_one_by_one_per_cache_mode(tiny_zoo, cache):
+    assert_batch_equals_one_by_one(load_model(tiny_zoo["drafter_bidirectional"]), specs_for([cache, cache]))
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_batch_mixing_cache_modes_and_smoothing_equals_one_by_one(tiny_zoo, shift):
+    """shift 1: the same weights read Dream-style (a block's logits come from the outputs one position earlier)."""
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    loaded = LoadedModel(loaded.model, replace(loaded.meta, logits_shift=shift))
+    assert_batch_equals_one_by_one(loaded, specs_for(list(CACHE_MODES)))
+
+
+def test_decode_scenario_covers_block_changes_and_uneven_caches(tiny_zoo):
+    """The scenario the batch tests run on must move blocks mid-way and give rows different past lengths."""
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    specs = specs_for(list(CACHE_MODES))
+    history, states = decode(loaded, specs, batched=True)
+    assert all(state.block_start > 0 for state in states)  # every request entered a new block
+    assert len({cache_len(state.kv) for state in states}) > 3  # past caches of many lengths: padding in the batch
+    assert any(state.frozen > 0 for state, spec in zip(states, specs, strict=True) if spec.cache == "freecache")
