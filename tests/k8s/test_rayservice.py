@@ -1,0 +1,82 @@
+"""What the RayService must keep true for dlm-serve-svc to reach the orchestrator's gRPC port, and for the Ray pods
+to run restricted; each check mirrors how KubeRay or Ray reads the manifest."""
+
+import json
+
+import pytest
+import yaml
+
+from services.common.config import EngineConfig
+from tests.k8s.manifests import find
+
+RAYSERVICE = find("RayService", "dlm")
+CLUSTER = RAYSERVICE["spec"]["rayClusterConfig"]
+GROUPS = {g["groupName"]: g for g in CLUSTER["workerGroupSpecs"]}
+SERVE_CONFIG = yaml.safe_load(RAYSERVICE["spec"]["serveConfigV2"])
+ENGINE = yaml.safe_load(find("ConfigMap", "dlm-config")["data"]["dlm.yaml"])["engine"]
+
+
+def container(group: dict) -> dict:
+    return group["template"]["spec"]["containers"][0]
+
+
+def pod_groups() -> dict[str, dict]:
+    return {"head": CLUSTER["headGroupSpec"], **GROUPS}
+
+
+def test_the_configmap_is_a_valid_engine_config():
+    EngineConfig(**ENGINE)  # unknown keys or bad values raise
+
+
+def test_the_serve_service_carries_exactly_the_grpc_port():
+    # KubeRay copies the head container's ports named `serve` or `serve-*` into dlm-serve-svc, port = targetPort
+    ports = {p["name"]: p["containerPort"] for p in container(CLUSTER["headGroupSpec"])["ports"]}
+    served = {name: port for name, port in ports.items() if name == "serve" or name.startswith("serve-")}
+    assert served == {"serve-grpc": ENGINE["serving"]["port"]}
+
+
+def test_the_orchestrator_runs_only_on_the_pod_whose_readiness_is_its_grpc_health():
+    orchestrator = next(d for d in SERVE_CONFIG["applications"][0]["deployments"] if d["name"] == "orchestrator")
+    (resource,) = orchestrator["ray_actor_options"]["resources"]
+    offering = [
+        name for name, group in pod_groups().items()
+        if resource in json.loads(json.loads(group["rayStartParams"].get("resources", '"{}"')))
+    ]
+    assert offering == ["orchestrator"]
+    probe = container(GROUPS["orchestrator"])["readinessProbe"]
+    assert probe["grpc"]["port"] == ENGINE["serving"]["port"]
+    assert ENGINE["serving"]["host"] == "0.0.0.0"
+
+
+def test_only_the_orchestrator_pod_can_be_a_serve_service_endpoint():
+    # the head: excluded from the label; the GPU workers: no Serve proxy, so KubeRay's readiness probe fails there
+    assert RAYSERVICE["spec"]["excludeHeadPodFromServeSvc"] is True
+    assert SERVE_CONFIG["proxy_location"] == "HeadOnly"
+    assert "readinessProbe" not in container(GROUPS["gpu"])  # keep KubeRay's proxy check there
+    assert "readinessProbe" not in container(CLUSTER["headGroupSpec"])  # a gRPC probe would deadlock the deploy
+
+
+def test_the_serve_config_is_valid_for_ray_serve():
+    schema = pytest.importorskip("ray.serve.schema")
+    schema.ServeDeploySchema.model_validate(SERVE_CONFIG)
+
+
+def test_the_redis_password_comes_only_from_a_secret():
+    password = CLUSTER["gcsFaultToleranceOptions"]["redisPassword"]
+    assert set(password) == {"valueFrom"} and set(password["valueFrom"]) == {"secretKeyRef"}
+    redis = find("Deployment", "dlm-redis")["spec"]["template"]["spec"]["containers"][0]
+    (env,) = [e for e in redis["env"] if "$(" + e["name"] + ")" in " ".join(redis["args"])]
+    assert env["valueFrom"]["secretKeyRef"] == password["valueFrom"]["secretKeyRef"]
+
+
+@pytest.mark.parametrize("group", ["head", "orchestrator", "gpu"])
+def test_ray_pods_run_restricted(group):
+    spec = pod_groups()[group]["template"]["spec"]
+    pod, ctr = spec["securityContext"], container(pod_groups()[group])
+    assert pod["runAsNonRoot"] is True and pod["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = ctr["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    tmp = next(m for m in ctr["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in volumes[tmp["name"]]
