@@ -55,14 +55,25 @@ def cmd_bench(args) -> int:
         from services.cli.remote_cli import bench_remote
 
         return bench_remote(args)
-    from services.cli.bench import bench, table
-
     engine = engine_from(args)
-    strategies = [s for s in args.strategies.split(",") if s]
-    for name in strategies:
-        if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-    rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
+    if args.concurrency:
+        from services.cli.load import engine_level, levels, table
+        from services.common.params import BENCH_PROMPTS
+
+        params = parse_sets(args.set)
+        engine.generate(BENCH_PROMPTS[0], args.strategy, params, 4)  # load weights and warm up outside the timings
+        rows = [
+            engine_level(engine, c, BENCH_PROMPTS, args.strategy, params, args.max_new_tokens)
+            for c in levels(args.concurrency)
+        ]
+    else:
+        from services.cli.bench import bench, table
+
+        strategies = [s for s in args.strategies.split(",") if s]
+        for name in strategies:
+            if name not in STRATEGIES:
+                raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
+        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
@@ -136,9 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
     ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
-    ben.add_argument("--concurrency", default="1,4,16", help="with --target: concurrent streams per level")
-    ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --target")
-    ben.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --target and --strategy")
+    ben.add_argument(
+        "--concurrency",
+        default=None,
+        help="requests kept in flight per level, e.g. 1,4,16: a load run of --strategy, in process or on --target "
+        "(default there 1,4,16)",
+    )
+    ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --concurrency or --target")
+    ben.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the --strategy's parameters")
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")

@@ -1,15 +1,15 @@
 """`dlm generate --target`, `dlm bench --target` and `dlm serve`: the CLI over gRPC."""
 
 import json
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import grpc
 
 from services.cli.client import DlmClient
+from services.cli.load import LoadRow, Timing, levels, load_row, table, work
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, parse_sets
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
@@ -61,29 +61,8 @@ def generate_remote(args) -> int:
     return 0
 
 
-@dataclass(slots=True)
-class LoadRow:
-    concurrency: int
-    requests: int
-    tokens: int
-    wall_s: float
-    tokens_per_s: float  # aggregate over every stream
-    requests_per_s: float
-    latency_p50_s: float
-    latency_p90_s: float
-    latency_p99_s: float
-    ttft_mean_s: float  # client-side: request sent -> first text chunk
-    ms_per_round: float  # client-side latency over the engine's rounds: compare with in-process `dlm bench`
-    tpf: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, float, int, int]:
-    """(latency, time to first chunk, completion tokens, rounds) of one streamed request."""
+def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> Timing:
+    """One streamed request: latency, time to first chunk, completion tokens, rounds."""
     start = time.perf_counter()
     first, tokens, rounds = None, 0, 0
     for event in client.stream(prompt, **kwargs):
@@ -92,51 +71,21 @@ def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[float, f
         elif isinstance(event, pb.Complete):
             tokens, rounds = event.usage.completion_tokens, event.stats.rounds
     latency = time.perf_counter() - start
-    return latency, first if first is not None else latency, tokens, rounds
+    return Timing(latency, first if first is not None else latency, tokens, rounds)
 
 
-def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict, rounds: int = 2) -> LoadRow:
-    """`concurrency` streams at once over the prompt set, each prompt sent `rounds` times at this level."""
-    work = [prompts[i % len(prompts)] for i in range(max(concurrency, len(prompts)) * rounds)]
+def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict) -> LoadRow:
+    """`concurrency` streams at once over the prompt set."""
+    sent = work(prompts, concurrency)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: timed_stream(client, p, kwargs), work))
-    wall = time.perf_counter() - start
-    latencies = [r[0] for r in results]
-    tokens, rounds = sum(r[2] for r in results), sum(r[3] for r in results)
-    return LoadRow(
-        concurrency,
-        len(work),
-        tokens,
-        wall,
-        tokens / wall,
-        len(work) / wall,
-        percentile(latencies, 0.5),
-        percentile(latencies, 0.9),
-        percentile(latencies, 0.99),
-        statistics.fmean(r[1] for r in results),
-        1000 * sum(latencies) / max(rounds, 1),
-        tokens / max(rounds, 1),
-    )
-
-
-def table(rows: list[LoadRow]) -> str:
-    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF")
-    lines = [" ".join(f"{h:>7}" for h in head)]
-    for r in rows:
-        lines.append(
-            f"{r.concurrency:>7} {r.requests:>7} {r.tokens_per_s:>7.1f} {r.requests_per_s:>7.2f} "
-            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f} "
-            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f}"
-        )
-    return "\n".join(lines)
+        timings = list(pool.map(lambda p: timed_stream(client, p, kwargs), sent))
+    return load_row(concurrency, timings, time.perf_counter() - start)
 
 
 def bench_remote(args) -> int:
     """Aggregate throughput and latency of a running server at each concurrency level."""
-    levels = [int(c) for c in str(args.concurrency).split(",") if c]
-    if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency expects positive integers like 1,4,16, got {args.concurrency!r}")
+    concurrency = levels(args.concurrency or "1,4,16")
     kwargs = dict(max_new_tokens=args.max_new_tokens, strategy=getattr(args, "strategy", None))
     if getattr(args, "set", None):
         kwargs["params"] = parse_sets(args.set)
@@ -144,7 +93,7 @@ def bench_remote(args) -> int:
         with DlmClient(args.target) as client:
             client.wait_ready()
             client.generate(PROMPTS[0], **{**kwargs, "max_new_tokens": 4})  # warm up outside the timings
-            rows = [load_level(client, c, PROMPTS, kwargs) for c in levels]
+            rows = [load_level(client, c, PROMPTS, kwargs) for c in concurrency]
     except grpc.RpcError as e:
         return rpc_error(e)
     print(table(rows))

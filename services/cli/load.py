@@ -1,0 +1,105 @@
+"""Load levels: `concurrency` requests kept in flight over the prompt set, the same row whether the requests go to
+a server over gRPC (`dlm bench --target`) or to the in-process engine (`dlm bench --concurrency` alone)."""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from services.common.sampling import SamplingParams
+from services.orchestrator.engine import Engine
+
+
+@dataclass(slots=True)
+class LoadRow:
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float  # aggregate over every stream
+    requests_per_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    ttft_mean_s: float  # request sent -> first text
+    ms_per_round: float  # latency over the engine's rounds: compare served with in-process
+    tpf: float
+
+
+@dataclass(slots=True)
+class Timing:
+    """One request as its client saw it."""
+
+    latency_s: float
+    ttft_s: float
+    tokens: int
+    rounds: int
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def work(prompts: list[str], concurrency: int, repeats: int = 2) -> list[str]:
+    """The prompts sent at one level: each at least `repeats` times, and enough to keep every stream busy."""
+    return [prompts[i % len(prompts)] for i in range(max(concurrency, len(prompts)) * repeats)]
+
+
+def load_row(concurrency: int, timings: list[Timing], wall_s: float) -> LoadRow:
+    latencies = [t.latency_s for t in timings]
+    tokens, rounds = sum(t.tokens for t in timings), sum(t.rounds for t in timings)
+    return LoadRow(
+        concurrency,
+        len(timings),
+        tokens,
+        wall_s,
+        tokens / wall_s,
+        len(timings) / wall_s,
+        percentile(latencies, 0.5),
+        percentile(latencies, 0.9),
+        percentile(latencies, 0.99),
+        statistics.fmean(t.ttft_s for t in timings),
+        1000 * sum(latencies) / max(rounds, 1),
+        tokens / max(rounds, 1),
+    )
+
+
+def table(rows: list[LoadRow]) -> str:
+    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF")
+    lines = [" ".join(f"{h:>7}" for h in head)]
+    for r in rows:
+        lines.append(
+            f"{r.concurrency:>7} {r.requests:>7} {r.tokens_per_s:>7.1f} {r.requests_per_s:>7.2f} "
+            f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f} "
+            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def levels(spec: str) -> list[int]:
+    out = [int(c) for c in str(spec).split(",") if c]
+    if not out or min(out) < 1:
+        raise ValueError(f"--concurrency expects positive integers like 1,4,16, got {spec!r}")
+    return out
+
+
+def engine_level(
+    engine: Engine, concurrency: int, prompts: list[str], strategy: str | None, params: dict, max_new_tokens: int
+) -> LoadRow:
+    """Closed loop on the in-process engine: whenever a request ends, the next prompt takes its place."""
+    queue, live, timings = list(reversed(work(prompts, concurrency))), {}, []
+    start = time.perf_counter()
+    while queue or live:
+        while queue and len(live) < concurrency:
+            req = engine.add_request(queue.pop(), strategy, params, max_new_tokens, SamplingParams())
+            live[req.id] = req
+        for out in engine.step():
+            req = live.get(out.request_id)
+            if req is not None and out.event.finish_reason is not None:
+                if out.error is not None:
+                    raise out.error
+                stats = live.pop(out.request_id).stats
+                end = stats.end_s or time.perf_counter()
+                first = stats.first_commit_s or end
+                timings.append(Timing(end - stats.start_s, first - stats.start_s, stats.tokens, stats.rounds))
+    return load_row(concurrency, timings, time.perf_counter() - start)
