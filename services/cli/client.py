@@ -12,6 +12,7 @@ from services.serving.wire import SERVICE, params_message, pb, rpc
 
 class DlmClient:
     def __init__(self, target: str, timeout: float | None = None):
+        self.target = target
         self.channel = grpc.insecure_channel(target)
         self.stub = rpc.DlmServiceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)

@@ -35,6 +35,10 @@ class Orchestrator:
     def address(self) -> str:
         return f"port {self.port}"
 
+    def requests(self) -> list[str]:
+        """Requests the orchestrator holds (queued or decoding); answers while a model replica is stalled."""
+        return self.backend.live()
+
     async def live(self) -> dict:
         """Requests holding state: in the orchestrator, in the index, and per model deployment."""
         return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **await self.hosts.held()}

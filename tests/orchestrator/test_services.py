@@ -1,14 +1,19 @@
 """The distributed pipeline end to end: a local Ray, the Serve app on tiny models, gRPC over loopback."""
 
+import os
+import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import yaml
 
+from services.cli.client import DlmClient
 from services.common.config import EngineConfig
+from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +39,6 @@ def service(request, tiny_zoo, tmp_path_factory):
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    from services.cli.client import DlmClient
     from services.orchestrator.app import build_app
 
     port = free_port()
@@ -129,4 +133,75 @@ def test_bad_request_gets_invalid_argument_and_service_goes_on(service):
     with pytest.raises(grpc.RpcError) as err:
         client.generate(PROMPT, strategy="streaming", params={"window": 0}, max_new_tokens=16)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "window" in err.value.details()
+    assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+
+
+def replica_pid(deployment: str) -> int:
+    """The process Ray titles `ray::ServeReplica:dlm:<deployment>`."""
+    title = f"ServeReplica:dlm:{deployment}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0].endswith(title):
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    [pid] = pids
+    return pid
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_sixteen_concurrent_streams_equal_in_process(service):
+    client, _, engine = service
+    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=200 + i)) for i in range(16)]
+    expected = [
+        engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)).token_ids for s, sampling in jobs
+    ]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
+    assert got == expected
+
+
+def test_sixty_four_streams_complete_on_a_bounded_number_of_threads(service):
+    client, app, _ = service
+    pid = replica_pid("orchestrator")
+    before, peak, done = threads(pid), 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, threads(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(lambda _: streamed(client, "streaming", CASES["streaming"])[0], range(64)))
+    finally:
+        done.set()
+        sampler.join()
+    assert len(results) == 64 and all(results)
+    assert peak - before <= 8, f"orchestrator threads grew from {before} to {peak} with 64 streams"
+    assert app.requests.remote().result() == []
+
+
+def test_deadline_passes_while_a_replica_is_stalled(service):
+    client, app, _ = service
+    drafter = replica_pid("drafter")
+    os.kill(drafter, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with DlmClient(client.target, timeout=2.0) as hurried, pytest.raises(grpc.RpcError) as err:
+            hurried.generate(PROMPT, strategy="streaming", params=CASES["streaming"], max_new_tokens=16)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        while app.requests.remote().result():  # the orchestrator let go of it, the replica still stopped
+            assert time.monotonic() - start < 3.0, "the request outlived its deadline + 1 s in the orchestrator"
+            time.sleep(0.05)
+    finally:
+        os.kill(drafter, signal.SIGCONT)
     assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
