@@ -48,16 +48,14 @@ class Guider:
         truncate(cache.kv, past)
         cache.ids = seq + draft.tolist()
         new = cache.ids[past:]
-        return Item(cache.kv, new, list(range(past, past + len(new))), len(new))
+        # logits at the last token before the span and at every draft token
+        wanted = slice(len(new) - len(draft) - 1, None)
+        return Item(cache.kv, new, list(range(past, past + len(new))), len(new), wanted=wanted)
 
     def forward_batch(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
         """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M."""
-        items = [self.item(*call) for call in calls]
-        logits = forward(self.model, items)
-        return [
-            never_mask(out[len(out) - len(draft) - 1 :], req.mask_id)
-            for out, (req, _, draft) in zip(logits, calls, strict=True)
-        ]
+        logits = forward(self.model, [self.item(*call) for call in calls])
+        return [never_mask(out, req.mask_id) for out, (req, _, _) in zip(logits, calls, strict=True)]
 
     def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Verdict]:
         """calls: (req, start, draft [M], top_k) -> the guider's verdict on each draft, in one forward."""

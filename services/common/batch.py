@@ -22,6 +22,7 @@ class Item:
     keep: int  # new tokens whose KV stays in the cache
     groups: torch.Tensor | None = None  # [q] span id per new token; -1 = sees everything before it
     embeds: torch.Tensor | None = None  # [q, H] input embeddings in place of input_ids' (iteration smoothing)
+    wanted: slice | None = None  # new tokens whose logits the caller reads (None: all); the vocabulary head runs on these
 
 
 def attention_mask(items: list[Item], past: int, q: int, causal: bool = True) -> torch.Tensor:
@@ -44,7 +45,7 @@ def attention_mask(items: list[Item], past: int, q: int, causal: bool = True) ->
 
 @torch.inference_mode()
 def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
-    """Run every item's new tokens after its own cache -> per item logits [q_i, V] (float32)."""
+    """Run every item's new tokens after its own cache -> per item logits [len(wanted), V] (float32)."""
     device = model.device
     if len(items) == 1 and items[0].groups is None:
         return [forward_one(model, items[0])]
@@ -60,7 +61,7 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
         if item.embeds is not None:
             embeds[b, : len(item.input_ids)] = item.embeds
     batched = stack([item.cache for item in items], past, model)
-    out = model(
+    out = model.base_model(
         inputs_embeds=embeds,
         position_ids=pos.to(device),
         attention_mask=attention_mask(items, past, q, getattr(model.config, "is_causal", True)).to(device),
@@ -69,7 +70,8 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     )
     for b, item in enumerate(items):
         extend(item.cache, batched, b, past, item.keep)
-    return [out.logits[b, : len(item.input_ids)].float() for b, item in enumerate(items)]
+    hidden = [out.last_hidden_state[b, : len(item.input_ids)] for b, item in enumerate(items)]
+    return head(model, hidden, items)
 
 
 def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
@@ -79,7 +81,7 @@ def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
         inputs = {"input_ids": torch.tensor(item.input_ids, device=device)[None]}
     else:
         inputs = {"inputs_embeds": item.embeds[None]}
-    out = model(
+    out = model.base_model(
         **inputs,
         position_ids=torch.tensor(item.position_ids, device=device)[None],
         attention_mask=torch.ones(1, past + n, dtype=torch.long, device=device),
@@ -87,7 +89,14 @@ def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
         use_cache=True,
     )
     truncate(item.cache, past + item.keep)
-    return out.logits[0].float()
+    return head(model, [out.last_hidden_state[0]], [item])[0]
+
+
+def head(model: PreTrainedModel, hidden: list[torch.Tensor], items: list[Item]) -> list[torch.Tensor]:
+    """The vocabulary head over each item's wanted hidden states (of its [q_i, H]), in one matmul -> logits."""
+    wanted = [h if item.wanted is None else h[item.wanted] for h, item in zip(hidden, items, strict=True)]
+    logits = model.get_output_embeddings()(torch.cat(wanted)).float()
+    return list(logits.split([len(w) for w in wanted]))
 
 
 def stack(caches: list[DynamicCache], length: int, model: PreTrainedModel) -> DynamicCache:

@@ -15,6 +15,7 @@ class ServingConfig:
     port: int = 50051
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
+    micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap
     redis_url: str | None = None  # None: the embedded cache index
     replica_threads: int = 1  # torch threads per model replica on CPU: replicas share the cores, spinning OpenMP
     # threads of several processes on the same cores cost 10x
@@ -25,8 +26,11 @@ class ServingConfig:
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
-        if min(self.max_concurrency, self.kv_budget_tokens) < 1 or min(self.num_gpus, self.max_queue) < 0:
-            raise ValueError("serving: num_gpus >= 0, max_concurrency >= 1, kv_budget_tokens >= 1, max_queue >= 0")
+        counts = (self.max_concurrency, self.micro_batches, self.kv_budget_tokens)
+        if min(counts) < 1 or min(self.num_gpus, self.max_queue) < 0:
+            raise ValueError(
+                "serving: num_gpus >= 0, max_queue >= 0, and >= 1: max_concurrency, micro_batches, kv_budget_tokens"
+            )
 
 
 @dataclass(slots=True)

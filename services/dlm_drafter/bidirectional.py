@@ -94,7 +94,11 @@ class BidirectionalDrafter:
         past = cache_len(state.kv)
         lo, hi = self.span(call, P, end)
         keep = self.kept(call, P, past, hi - lo)
-        return Item(state.kv, seq[lo:hi], list(range(lo, hi)), keep, embeds=self.smoothed(call, seq, lo, hi)), past, lo
+        first = P + region.start - self.shift - lo  # the output predicting the block's first position
+        wanted = slice(first, first + region.end - region.start)  # logits [block, V]
+        item = Item(state.kv, seq[lo:hi], list(range(lo, hi)), keep, embeds=self.smoothed(call, seq, lo, hi))
+        item.wanted = wanted
+        return item, past, lo
 
     def finish(
         self, call: BidirectionalCall, item: Item, past: int, lo: int, logits: torch.Tensor
@@ -107,8 +111,6 @@ class BidirectionalDrafter:
             state.frozen = region.start
         tokens = len(item.input_ids) - (P if not state.prefilled else 0)
         state.prefilled = True
-        first = P + region.start - self.shift - lo  # the output predicting the block's first position
-        logits = logits[first : first + region.end - region.start]  # [block, V]
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1)
         if call.smoothing:
             state.last_probs = torch.softmax(logits, -1)

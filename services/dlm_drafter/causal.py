@@ -57,7 +57,7 @@ class CausalDrafter:
         if groups is not None:
             groups = torch.cat([torch.full((n,), -1), groups])
         pos = prefix_pos + (positions + req.prompt_len).tolist()
-        return Item(cache.kv, prefix_ids + ids.tolist(), pos, n, groups), processed
+        return Item(cache.kv, prefix_ids + ids.tolist(), pos, n, groups, wanted=slice(n, None)), processed
 
     def forward_batch(self, calls: list[tuple]) -> list[tuple[torch.Tensor, int]]:
         """calls: (req, ids [L], positions [L], groups [L] | None) -> (logits [L, V], tokens processed) each, in one
@@ -66,8 +66,7 @@ class CausalDrafter:
         groups, when given, isolate spans from each other: each sees the cache and its own span, causally.
         """
         items, processed = zip(*[self.item(*call) for call in calls], strict=True)
-        logits = forward(self.model, list(items))
-        return [(out[item.keep :], n) for out, item, n in zip(logits, items, processed, strict=True)]
+        return list(zip(forward(self.model, list(items)), processed, strict=True))
 
     def propose_batch(self, calls: list[tuple[Request, Region]]) -> list[tuple[Proposal, int]]:
         """Fill every masked position of each region; clean context and pending commits stand before the masks."""

@@ -28,7 +28,8 @@ class Orchestrator:
         replicas = {role: await handles[role].replica_id.remote() for role in ("drafter", "guider") if role in handles}
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
         admission = IndexAdmission(self.index, replicas, serving.kv_budget_tokens, serving.request_ttl_s)
-        self.backend = EngineBackend(AsyncEngine(cfg, self.hosts, admission))
+        engines = [AsyncEngine(cfg, self.hosts, admission) for _ in range(serving.micro_batches)]
+        self.backend = EngineBackend(*engines)
         self.server = Server(self.backend)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
 
@@ -57,8 +58,15 @@ def build_app(args: dict | None = None):
     cfg = EngineConfig.from_yaml((args or {}).get("config", DEFAULT_CONFIG))
     config, serving = asdict(cfg), cfg.serving
     quiet = {"log_level": "WARNING", "enable_access_log": False}  # a log line per call costs a hop's worth of CPU
+    # OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after
+    # another, so each replica may use every core while the others wait (a spinning one would hold a core).
+    passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}}
     model = {
-        "ray_actor_options": {"num_gpus": serving.num_gpus, "num_cpus": 0 if serving.num_gpus else 0.5},
+        "ray_actor_options": {
+            "num_gpus": serving.num_gpus,
+            "num_cpus": 0 if serving.num_gpus else 0.5,
+            "runtime_env": passive,
+        },
         "max_ongoing_requests": 16,  # a step sends each method one call; releases and health checks come beside
         "logging_config": quiet,
     }
@@ -70,6 +78,7 @@ def build_app(args: dict | None = None):
     if "ar" in cfg.models:
         handles["ar"] = GuiderDeployment.options(name="ar", **model).bind(config, "ar")
     if "filter" in cfg.models:
-        handles["filter"] = FilterDeployment.options(**{**model, "ray_actor_options": {"num_cpus": 0}}).bind(config)
+        filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
+        handles["filter"] = FilterDeployment.options(**filter_options).bind(config)
     orchestrator = {"ray_actor_options": {"num_cpus": 0.5}, "logging_config": quiet, "max_ongoing_requests": 1000}
     return Orchestrator.options(**orchestrator).bind(config, **handles)

@@ -80,28 +80,34 @@ class Job:
 
 
 class EngineBackend:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    """engines: one, or several over the same hosts (micro-batches, vLLM's virtual engines): each has its own
+    scheduler and driver task, so while one's batch is in the drafter another's is in the guider."""
+
+    def __init__(self, *engines: Engine):
+        self.engines = engines
+        self.engine = engines[0]  # the models, the tokenizer and the configuration they share
         self.jobs: dict[str, Job] = {}
         self.ready = False
-        self.wake = asyncio.Event()
-        self.driver: asyncio.Task | None = None
+        self.wakes = [asyncio.Event() for _ in engines]
+        self.drivers: list[asyncio.Task] = []
 
     async def start(self) -> None:
         """Load every model, then start driving steps."""
         await asyncio.get_running_loop().run_in_executor(None, self.engine.models.start)
         self.ready = True
-        self.driver = asyncio.create_task(self.drive())
+        self.drivers = [asyncio.create_task(self.drive(e, w)) for e, w in zip(self.engines, self.wakes, strict=True)]
 
     async def open(self, spec: Spec) -> Job:
-        """Queue a request; ValueError names a bad field, ResourceExhausted says the queue is full."""
-        engine = self.engine
+        """Queue a request on the least busy engine; ValueError names a bad field, ResourceExhausted says the queue
+        is full."""
+        i = min(range(len(self.engines)), key=lambda i: len(self.engines[i].sequences))
+        engine = self.engines[i]
         req = engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
         if req.id in self.jobs:
             raise AlreadyExists(f"request_id {req.id!r} is already decoding")
         engine.add(req, spec.strategy, spec.params, spec.deadline)
         job = self.jobs[req.id] = Job(engine, req)
-        self.wake.set()
+        self.wakes[i].set()
         return job
 
     def emit(self, out: Output) -> None:
@@ -112,19 +118,19 @@ class EngineBackend:
         if out.error is not None or out.event.finish_reason is not None:
             del self.jobs[out.request_id]
 
-    async def drive(self) -> None:
-        """The one task that steps the engine while it has requests."""
+    async def drive(self, engine: Engine, wake: asyncio.Event) -> None:
+        """The task that steps an engine while it has requests."""
         while True:
-            if not self.engine.has_unfinished():
-                self.wake.clear()
-                await self.wake.wait()
+            if not engine.has_unfinished():
+                wake.clear()
+                await wake.wait()
             try:
-                await self.engine.step_async(self.emit)
+                await engine.step_async(self.emit)
             except Exception as e:  # a bug in the step itself: fail what runs rather than spin on it
                 log.exception("engine step failed")
-                for rid in list(self.engine.sequences):
-                    self.emit(self.engine.end(self.engine.sequences[rid], "error", e))
-                self.engine.flush_releases()
+                for rid in list(engine.sequences):
+                    self.emit(engine.end(engine.sequences[rid], "error", e))
+                engine.flush_releases()
 
     def decode_text(self, ids: list[int]) -> str:
         return self.engine.decode_text(ids)
@@ -151,14 +157,15 @@ class EngineBackend:
         )
 
     def live(self) -> list[str]:
-        return list(self.engine.sequences)
+        return [rid for engine in self.engines for rid in engine.sequences]
 
     async def shutdown(self) -> None:
-        """Every live request ends as cancelled at the next step; wait for the driver to deliver that."""
-        for rid in list(self.engine.sequences):
-            self.engine.abort(rid)
-        self.wake.set()
-        while self.jobs and self.driver is not None and not self.driver.done():
+        """Every live request ends as cancelled at the next step; wait for the drivers to deliver that."""
+        for engine, wake in zip(self.engines, self.wakes, strict=True):
+            for rid in list(engine.sequences):
+                engine.abort(rid)
+            wake.set()
+        while self.jobs and self.drivers and not all(d.done() for d in self.drivers):
             await asyncio.sleep(0.01)
-        if self.driver is not None:
-            self.driver.cancel()
+        for driver in self.drivers:
+            driver.cancel()
