@@ -22,7 +22,7 @@ class Item:
     keep: int  # new tokens whose KV stays in the cache
     groups: torch.Tensor | None = None  # [q] span id per new token; -1 = sees everything before it
     embeds: torch.Tensor | None = None  # [q, H] input embeddings in place of input_ids' (iteration smoothing)
-    wanted: slice | None = None  # new tokens whose logits the caller reads (None: all); the vocabulary head runs on these
+    wanted: slice | None = None  # the new tokens whose logits the caller reads (None: all): the head runs on these
 
 
 def attention_mask(items: list[Item], past: int, q: int, causal: bool = True) -> torch.Tensor:

@@ -93,7 +93,7 @@ class EngineBackend:
 
     async def start(self) -> None:
         """Load every model, then start driving steps."""
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.models.start)
+        await self.engine.models.start()
         self.ready = True
         self.drivers = [asyncio.create_task(self.drive(e, w)) for e, w in zip(self.engines, self.wakes, strict=True)]
 

@@ -1,5 +1,7 @@
 """In-process hosts: each role's model loads on first use, and a step's call groups run on them one after another."""
 
+import asyncio
+
 from services.ar_guider.host import GuiderHost
 from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta, load_model
@@ -59,10 +61,14 @@ class ModelPool:
     def meta(self) -> ModelMeta:
         return self.load(first_role(self.config)).meta
 
-    def start(self) -> None:
+    def load_all(self) -> None:
         """Load every configured model now rather than on first use."""
         for role in self.roles:
             self.host("drafter" if role == "drafter_bidirectional" else role)
+
+    async def start(self) -> None:
+        """A server's start: every model loaded, off the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self.load_all)
 
 
 def first_role(config: EngineConfig) -> str:

@@ -41,23 +41,23 @@ class RemoteHosts:
 
     def filter_block_size(self) -> int:
         if self.block_size is None:
-            self.block_size = self.handle("filter").block_size.remote().result()
+            raise ValueError("model 'filter' is not served here")
         return self.block_size
 
-    def start(self, timeout_s: float = 600.0) -> None:
-        """Wait until every deployment is healthy (blocking: run it off the event loop)."""
+    async def start(self, timeout_s: float = 600.0) -> None:
+        """Wait until every deployment is healthy."""
         deadline = time.monotonic() + timeout_s
         for role in self.handles:
             while True:
                 try:
-                    self.handles[role].check_health.remote().result(timeout_s=max(deadline - time.monotonic(), 1))
+                    await self.handles[role].check_health.remote()
                     break
                 except Exception:
                     if time.monotonic() > deadline:
                         raise
-                    time.sleep(0.5)
+                    await asyncio.sleep(0.5)
         if "filter" in self.handles:
-            self.filter_block_size()
+            self.block_size = await self.handles["filter"].block_size.remote()
 
     def meta(self) -> ModelMeta:
         if self.metadata is None:
