@@ -86,7 +86,7 @@ class DlmServicer(rpc.DlmServiceServicer):
 
     async def run(self, job: Job, request, context) -> AsyncIterator:
         """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
-        text = TextStream(self.backend.decode_text, list(request.stop))
+        text = TextStream(self.backend.detokenizer(), list(request.stop))
         trace, rounds = [], 0
         try:
             async for event in job.events():
