@@ -113,14 +113,19 @@ def model_param(strategy: str, model: str) -> tuple[str, str]:
     return "drafter", "bidirectional" if model in ("drafter_bidirectional", "bidirectional") else "causal"
 
 
+def serve_flags(args) -> dict:
+    """The serving keys of `dlm serve`'s flags; None where a flag was not given, so the config's value stays."""
+    return {"host": args.host, "port": args.port, "redis_url": args.redis}
+
+
 def cmd_serve(args) -> int:
     if args.local:
         from services.cli.remote_cli import serve_local
 
-        return serve_local(args.config, args.host, args.port, args.device, args.dtype)
+        return serve_local(args.config, serve_flags(args), args.device, args.dtype)
     from services.cli.serve import serve_ray
 
-    return serve_ray(args.config, args.host, args.port, args.redis)
+    return serve_ray(args.config, serve_flags(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_training(sub)
 
     srv = sub.add_parser("serve", help="deploy drafter, guider and filter on Ray Serve behind the gRPC orchestrator")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=50051)
-    srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: embedded)")
+    srv.add_argument("--host", default=None, help="gRPC host (default: the config's serving.host)")
+    srv.add_argument("--port", type=int, default=None, help="gRPC port (default: the config's serving.port)")
+    srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: serving.redis_url)")
     srv.add_argument("--local", action="store_true", help="serve gRPC on the in-process engine, without Ray")
     srv.set_defaults(func=cmd_serve)
     return parser

@@ -103,14 +103,9 @@ def bench_remote(args) -> int:
     return 0
 
 
-def serve_local(
-    config_path: str,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    device: str | None = None,
-    dtype: str | None = None,
-) -> int:
-    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM."""
+def serve_local(config_path: str, flags: dict, device: str | None = None, dtype: str | None = None) -> int:
+    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM; flags: serving keys given on the
+    command line."""
     import asyncio
     import logging
 
@@ -118,10 +113,10 @@ def serve_local(
     from services.orchestrator.admission import local_admission
     from services.orchestrator.backend import EngineBackend
     from services.orchestrator.engine import Engine
-    from services.orchestrator.server import Limits, serve
+    from services.orchestrator.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype)
+    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
     backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
-    asyncio.run(serve(backend, f"{host}:{port}", Limits()))
+    asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

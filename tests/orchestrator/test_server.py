@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import grpc
 import pytest
@@ -61,7 +61,9 @@ def backend(engine) -> EngineBackend:
 
 @pytest.fixture(scope="module")
 def served(engine):
-    harness = Harness(backend(engine), Limits(max_new_tokens=64))
+    serving = replace(engine.config.serving, limits=Limits(max_new_tokens=64))
+    harness = Harness(EngineBackend(Engine(replace(engine.config, serving=serving), models=engine.models)))
+    assert harness.server.limits.max_new_tokens == 64  # the server's limits are the config's serving.limits
     harness.client.wait_ready()
     yield harness
     harness.close()
