@@ -11,7 +11,7 @@ import grpc
 from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
 from services.common.params import BENCH_PROMPTS as PROMPTS
-from services.common.params import STATS_KEYS, parse_sets
+from services.common.params import STATS_KEYS, parse_sets, stats_line
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 
@@ -29,7 +29,7 @@ def generate_remote(args) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        stop=getattr(args, "stop", None) or (),
+        stop=args.stop,
     )
     text, ids, done = [], [], None
     try:
@@ -53,11 +53,14 @@ def generate_remote(args) -> int:
             "text": "".join(text),
             "token_ids": ids,
             "finish_reason": FINISH_NAMES[done.finish_reason],
+            "seed": args.seed,
             "stats": {k: stats[k] for k in STATS_KEYS},
         }
         print(json.dumps(out))
     else:
         print()
+    if args.stats:
+        print(stats_line(stats_dict(done.stats)), file=sys.stderr)
     return 0
 
 
