@@ -2,12 +2,14 @@
 
 import argparse
 import json
+import secrets
 import sys
+from contextlib import closing
 from dataclasses import asdict
 
 from services.cli.train_cli import register as register_training
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.common.params import STATS_KEYS, parse_sets
+from services.common.params import STATS_KEYS, parse_sets, stats_line
 from services.common.sampling import SamplingParams
 from services.orchestrator.strategies import STRATEGIES
 from services.training.tasks import FAMILIES
@@ -16,38 +18,60 @@ from services.training.tasks import FAMILIES
 def engine_from(args):
     from services.orchestrator.engine import Engine
 
+    if not args.verbose:
+        quiet_loading()
     return Engine(EngineConfig.from_yaml(args.config, device=args.device, dtype=args.dtype))
 
 
+def quiet_loading() -> None:
+    """No "Loading weights" progress bars or load-time warnings from transformers (this process is one command)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def cmd_generate(args) -> int:
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**31)  # a fresh one, printed with --json so the text can be reproduced
     if args.target:
         from services.cli.remote_cli import generate_remote
 
         return generate_remote(args)
+    from services.orchestrator.detok import TextStream, detokenizer
+
     engine = engine_from(args)
-    sampling = SamplingParams(args.temperature, args.top_p, args.seed)
-    params = parse_sets(args.set)
-
-    def show(event):
-        if not args.json:
-            print(engine.decode_text(event.ids), end="", flush=True)
-
-    result = engine.generate(args.prompt, args.strategy, params, args.max_new_tokens, sampling, on_commit=show)
+    req = engine.request(args.prompt, args.max_new_tokens, SamplingParams(args.temperature, args.top_p, args.seed))
+    text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
+    with closing(engine.stream(req, args.strategy, parse_sets(args.set))) as events:  # closing cancels at a stop
+        for event in events:
+            show(args, text.push(event.ids)[0])
+            if text.stopped:
+                break
+    show(args, text.flush()[0])
+    stats = req.stats.to_dict()
     if args.json:
-        stats = {k: result.stats[k] for k in STATS_KEYS}
-        print(
-            json.dumps(
-                {
-                    "text": result.text,
-                    "token_ids": result.token_ids,
-                    "finish_reason": result.finish_reason,
-                    "stats": stats,
-                }
-            )
-        )
+        from services.serving.wire import FINISH, FINISH_NAMES
+
+        finish_reason = FINISH_NAMES[FINISH["stop"]] if text.stopped else req.finish_reason  # as over gRPC
+        out = {
+            "text": text.text,
+            "token_ids": text.ids[: text.sent_ids],
+            "finish_reason": finish_reason,
+            "seed": args.seed,
+            "stats": {k: stats[k] for k in STATS_KEYS},
+        }
+        print(json.dumps(out))
     else:
         print()
+    if args.stats:
+        print(stats_line(stats), file=sys.stderr)
     return 0
+
+
+def show(args, delta: str) -> None:
+    if delta and not args.json:
+        print(delta, end="", flush=True)
 
 
 def cmd_bench(args) -> int:
@@ -113,14 +137,19 @@ def model_param(strategy: str, model: str) -> tuple[str, str]:
     return "drafter", "bidirectional" if model in ("drafter_bidirectional", "bidirectional") else "causal"
 
 
+def serve_flags(args) -> dict:
+    """The serving keys of `dlm serve`'s flags; None where a flag was not given, so the config's value stays."""
+    return {"host": args.host, "port": args.port, "redis_url": args.redis}
+
+
 def cmd_serve(args) -> int:
     if args.local:
         from services.cli.remote_cli import serve_local
 
-        return serve_local(args.config, args.host, args.port, args.device, args.dtype)
+        return serve_local(args.config, serve_flags(args), args.device, args.dtype)
     from services.cli.serve import serve_ray
 
-    return serve_ray(args.config, args.host, args.port, args.redis)
+    return serve_ray(args.config, serve_flags(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine YAML (default: configs/dlm.yaml)")
     parser.add_argument("--device", default=None, help="cpu or cuda[:N] (overrides the config)")
     parser.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (overrides the config)")
+    parser.add_argument("--verbose", action="store_true", help="show transformers' model-loading progress")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode one prompt in-process")
@@ -135,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
     gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter")
     gen.add_argument("--max-new-tokens", type=int, default=None)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh random one)")
+    gen.add_argument("--stop", action="append", default=[], metavar="S", help="stop before this string (repeatable)")
+    gen.add_argument("--stats", action="store_true", help="a one-line summary after the text (stderr)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
@@ -173,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_training(sub)
 
     srv = sub.add_parser("serve", help="deploy drafter, guider and filter on Ray Serve behind the gRPC orchestrator")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=50051)
-    srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: embedded)")
+    srv.add_argument("--host", default=None, help="gRPC host (default: the config's serving.host)")
+    srv.add_argument("--port", type=int, default=None, help="gRPC port (default: the config's serving.port)")
+    srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: serving.redis_url)")
     srv.add_argument("--local", action="store_true", help="serve gRPC on the in-process engine, without Ray")
     srv.set_defaults(func=cmd_serve)
     return parser

@@ -11,7 +11,7 @@ import grpc
 from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
 from services.common.params import BENCH_PROMPTS as PROMPTS
-from services.common.params import STATS_KEYS, parse_sets
+from services.common.params import STATS_KEYS, parse_sets, stats_line
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 
@@ -29,7 +29,7 @@ def generate_remote(args) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        stop=getattr(args, "stop", None) or (),
+        stop=args.stop,
     )
     text, ids, done = [], [], None
     try:
@@ -53,11 +53,14 @@ def generate_remote(args) -> int:
             "text": "".join(text),
             "token_ids": ids,
             "finish_reason": FINISH_NAMES[done.finish_reason],
+            "seed": args.seed,
             "stats": {k: stats[k] for k in STATS_KEYS},
         }
         print(json.dumps(out))
     else:
         print()
+    if args.stats:
+        print(stats_line(stats_dict(done.stats)), file=sys.stderr)
     return 0
 
 
@@ -103,14 +106,9 @@ def bench_remote(args) -> int:
     return 0
 
 
-def serve_local(
-    config_path: str,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    device: str | None = None,
-    dtype: str | None = None,
-) -> int:
-    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM."""
+def serve_local(config_path: str, flags: dict, device: str | None = None, dtype: str | None = None) -> int:
+    """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM; flags: serving keys given on the
+    command line."""
     import asyncio
     import logging
 
@@ -118,10 +116,10 @@ def serve_local(
     from services.orchestrator.admission import local_admission
     from services.orchestrator.backend import EngineBackend
     from services.orchestrator.engine import Engine
-    from services.orchestrator.server import Limits, serve
+    from services.orchestrator.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype)
+    config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
     backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
-    asyncio.run(serve(backend, f"{host}:{port}", Limits()))
+    asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

@@ -4,26 +4,25 @@ import os
 import signal
 import tempfile
 import time
+from dataclasses import asdict
 
 import yaml
 
 
-def serve_ray(config_path: str, host: str, port: int, redis_url: str | None) -> int:
+def serve_ray(config_path: str, flags: dict) -> int:
+    """flags: serving keys given on the command line (None: keep the config's)."""
     import ray
     from ray import serve
 
     from services.cli.client import DlmClient
+    from services.common.config import EngineConfig
     from services.orchestrator.app import build_app
 
-    with open(config_path) as f:
-        raw = yaml.safe_load(f) or {}
-    engine = raw.setdefault("engine", {})
-    base = os.path.dirname(os.path.abspath(config_path))
-    engine["models"] = {role: os.path.join(base, path) for role, path in engine.get("models", {}).items()}
-    engine.setdefault("serving", {}).update({"host": host, "port": port, "redis_url": redis_url})
+    config = EngineConfig.from_yaml(config_path, serving=flags)
+    host, port = config.serving.host, config.serving.port
     resolved = os.path.join(tempfile.mkdtemp(prefix="dlm-"), "dlm.yaml")
     with open(resolved, "w") as f:
-        yaml.safe_dump(raw, f)
+        yaml.safe_dump({"engine": asdict(config)}, f)
 
     context = ray.init(logging_level="WARNING")
     serve.run(build_app({"config": resolved}), name="dlm", route_prefix=None)

@@ -1,12 +1,30 @@
-"""Engine configuration: which model directory plays which role, device and dtype; read from one YAML file."""
+"""Engine configuration: which model directory plays which role, device and dtype; read from one YAML file, under
+`DLM_` environment variables (DLM_SERVING__REDIS_URL, DLM_STRATEGY); unknown keys are errors."""
 
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 
 import yaml
 
+from services.common.config_keys import check_fields, check_keys, env_overrides, given, merge
+
 ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "dlm.yaml")
+
+
+@dataclass(slots=True)
+class Limits:
+    """What one request may ask of the server (serving.limits)."""
+
+    max_new_tokens: int = 1024
+    max_stop_sequences: int = 8
+    max_stop_length: int = 64
+    max_request_id_length: int = 128
+
+    def __post_init__(self):
+        if min(asdict(self).values()) < 1:
+            raise ValueError(f"serving.limits must all be >= 1, got {asdict(self)}")
 
 
 @dataclass(slots=True)
@@ -22,8 +40,12 @@ class ServingConfig:
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self):
+        if isinstance(self.limits, Mapping):
+            check_fields(Limits, self.limits, "serving.limits")
+            self.limits = Limits(**self.limits)
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
         counts = (self.max_concurrency, self.micro_batches, self.kv_budget_tokens)
@@ -46,11 +68,10 @@ class EngineConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
 
     def __post_init__(self):
-        if isinstance(self.serving, dict):
+        if isinstance(self.serving, Mapping):
+            check_fields(ServingConfig, self.serving, "serving")
             self.serving = ServingConfig(**self.serving)
-        unknown = set(self.models) - set(ROLES)
-        if unknown:
-            raise ValueError(f"models: unknown roles {sorted(unknown)}; roles are {ROLES}")
+        check_keys(self.models, {role: f"models.{role}" for role in ROLES}, "models")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.max_new_tokens <= 0:
@@ -64,16 +85,26 @@ class EngineConfig:
         return self.models[role]
 
     @classmethod
-    def from_yaml(cls, path: str = DEFAULT_CONFIG, **overrides) -> "EngineConfig":
+    def from_dict(cls, values: Mapping) -> "EngineConfig":
+        """The engine section as a dict (e.g. `asdict(config)`); unknown keys raise."""
+        check_fields(cls, values, "")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str = DEFAULT_CONFIG, environ: Mapping[str, str] | None = None, **overrides):
+        """The file's engine section, then DLM_ variables of environ (default os.environ), then the overrides that
+        are not None (nested as dicts: serving={"port": 8000}). Model paths are relative to the file."""
         with open(path) as f:
             raw = yaml.safe_load(f) or {}
-        engine = raw.get("engine", raw)
-        known = {f.name for f in fields(cls)}
+        if "engine" in raw:
+            hints = {"engine": "engine", **{f.name: f"engine.{f.name}" for f in fields(cls)}}
+            check_keys(raw, hints)  # `strateg: slot` beside `engine:` names engine.strategy
+        engine = dict(raw.get("engine", raw))
         base = os.path.dirname(os.path.abspath(path))
-        values = {k: v for k, v in engine.items() if k in known}
-        values["models"] = {r: os.path.normpath(os.path.join(base, p)) for r, p in engine.get("models", {}).items()}
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        engine["models"] = {r: os.path.normpath(os.path.join(base, p)) for r, p in engine.get("models", {}).items()}
+        env = env_overrides(cls, os.environ if environ is None else environ)
+        env["models"] = {r: os.path.abspath(p) for r, p in env.get("models", {}).items()}
+        return cls.from_dict(merge(merge(engine, env), given(overrides)))
 
 
 def replica_threads(config: "EngineConfig") -> None:

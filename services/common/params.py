@@ -17,6 +17,14 @@ STATS_KEYS = (
     "wall_s",
 )
 
+
+
+def stats_line(stats: dict) -> str:
+    """`dlm generate --stats`: one line after the text."""
+    rate = stats["tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
+    return f"{stats['tokens']} tokens, {stats['rounds']} rounds, TPF {stats['tpf']:.2f}, {rate:.1f} tok/s"
+
+
 # one held-out item per task family (never trained on), in the task suite's format
 BENCH_PROMPTS = [
     "count from 30 step 3 for 21:",

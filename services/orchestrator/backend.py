@@ -11,6 +11,7 @@ from uuid import uuid4
 
 from services.common.request import Request
 from services.common.sampling import SamplingParams
+from services.orchestrator.detok import Detokenizer, detokenizer
 from services.orchestrator.engine import AlreadyExists, Engine, Output
 from services.orchestrator.strategies import STRATEGIES, make_params
 
@@ -132,8 +133,9 @@ class EngineBackend:
                     self.emit(engine.end(engine.sequences[rid], "error", e))
                 engine.flush_releases()
 
-    def decode_text(self, ids: list[int]) -> str:
-        return self.engine.decode_text(ids)
+    def detokenizer(self) -> Detokenizer:
+        """A new request's incremental decoder."""
+        return detokenizer(self.engine.tokenizer)
 
     def strategies(self) -> dict[str, dict]:
         """Each strategy's parameters as this server runs them: its defaults under the config's overrides."""

@@ -1,7 +1,66 @@
-"""Incremental text of a committed prefix: deltas that never need retracting, cut at the first stop sequence."""
+"""Incremental text of a committed prefix: deltas that never need retracting, cut at the first stop sequence.
 
+Each round decodes only its new ids (tokenizers' DecodeStream keeps a few ids of context), so a round costs the
+same at token 1000 as at token 10 and the server's handler can run it on the event loop."""
+
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from tokenizers.decoders import DecodeStream
+
+
+class Detokenizer(Protocol):
+    def step(self, token_id: int) -> str:
+        """Text that token_id completes: "" while a character still waits for its bytes."""
+
+    def rest(self) -> str:
+        """What the ids still waiting decode to once no more come (a character whose bytes never completed)."""
+
+
+class StreamDecoder:
+    """A fast (Rust) tokenizer's DecodeStream: O(1) per id."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer.backend_tokenizer
+        self.stream = DecodeStream(skip_special_tokens=True)
+        self.ids: list[int] = []
+        self.length = 0  # characters returned
+
+    def step(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.stream.step(self.tokenizer, token_id) or ""
+        self.length += len(text)
+        return text
+
+    def rest(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)[self.length :]  # once per request
+
+
+class Redecoder:
+    """Any decode function: re-decodes the whole prefix per id (tokenizers without a Rust backend, tests)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode, self.ids, self.text = decode, [], ""
+
+    def step(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        full = self.decode(self.ids).rstrip("\ufffd")  # an incomplete UTF-8 character may still complete
+        delta = full[len(self.text) :] if len(full) > len(self.text) else ""
+        self.text += delta
+        return delta
+
+    def rest(self) -> str:
+        return self.decode(self.ids)[len(self.text) :]
+
+
+def detokenizer(tokenizer) -> Detokenizer:
+    """The incremental decoder of a Hugging Face tokenizer, decoding as `tokenizer.decode(ids,
+    skip_special_tokens=True)` does."""
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:
+        return StreamDecoder(tokenizer)
+    return Redecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def held_back(text: str, stop: list[str]) -> int:
@@ -23,9 +82,11 @@ def find_stop(text: str, stop: list[str], start: int) -> int | None:
 
 @dataclass
 class TextStream:
-    decode: Callable[[list[int]], str]
+    decoder: Detokenizer
     stop: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)  # committed prefix
+    decoded: str = ""  # text of the complete characters of the prefix
+    ends: list[int] = field(default_factory=list)  # len(decoded) after each id of the prefix
     text: str = ""  # emitted so far
     sent_ids: int = 0
     stopped: bool = False
@@ -35,29 +96,31 @@ class TextStream:
         if self.stopped:
             return "", []
         self.ids += ids
-        full = self.decode(self.ids)
+        for token_id in ids:
+            self.decoded += self.decoder.step(token_id)
+            self.ends.append(len(self.decoded))
         longest = max((len(s) for s in self.stop), default=0)
-        hit = find_stop(full, self.stop, max(0, len(self.text) - longest + 1)) if self.stop else None
+        hit = find_stop(self.decoded, self.stop, max(0, len(self.text) - longest + 1)) if self.stop else None
         if hit is not None:
             self.stopped = True
-            return self.emit(full[:hit], self.stop_token(hit))
-        end = len(full.rstrip("\ufffd"))  # an incomplete UTF-8 character may still complete
-        end -= held_back(full[:end], self.stop)
-        return self.emit(full[:end], len(self.ids))
+            return self.emit(hit, self.stop_token(hit))
+        return self.emit(len(self.decoded) - held_back(self.decoded[len(self.text) :], self.stop), len(self.ids))
 
     def flush(self) -> tuple[str, list[int]]:
         """Everything still held back, once the prefix is final."""
-        return ("", []) if self.stopped else self.emit(self.decode(self.ids), len(self.ids))
+        if self.stopped:
+            return "", []
+        self.decoded += self.decoder.rest()
+        return self.emit(len(self.decoded), len(self.ids))
 
     def stop_token(self, hit: int) -> int:
         """Number of ids up to the token that completed the stop sequence (those stay in token_ids, as in vLLM)."""
-        for n in range(self.sent_ids + 1, len(self.ids) + 1):
-            if find_stop(self.decode(self.ids[:n]), self.stop, hit) is not None:
-                return n
-        return len(self.ids)
+        complete = hit + min(len(s) for s in self.stop if self.decoded.startswith(s, hit))
+        return bisect_left(self.ends, complete, lo=self.sent_ids) + 1
 
-    def emit(self, text: str, n_ids: int) -> tuple[str, list[int]]:
-        delta = text[len(self.text) :] if len(text) > len(self.text) else ""
+    def emit(self, end: int, n_ids: int) -> tuple[str, list[int]]:
+        """Send decoded[:end] and ids[:n_ids], less what was sent."""
+        delta = self.decoded[len(self.text) : end]
         self.text += delta
         ids = self.ids[self.sent_ids : n_ids]
         self.sent_ids = max(self.sent_ids, n_ids)

@@ -6,12 +6,12 @@ import math
 import signal
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.config import Limits
 from services.common.sampling import SamplingParams
 from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.detok import TextStream
@@ -19,14 +19,6 @@ from services.orchestrator.scheduler import ResourceExhausted
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Limits:
-    max_new_tokens: int = 1024
-    max_stop_sequences: int = 8
-    max_stop_length: int = 64
-    max_request_id_length: int = 128
 
 
 def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
@@ -86,7 +78,7 @@ class DlmServicer(rpc.DlmServiceServicer):
 
     async def run(self, job: Job, request, context) -> AsyncIterator:
         """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
-        text = TextStream(self.backend.decode_text, list(request.stop))
+        text = TextStream(self.backend.detokenizer(), list(request.stop))
         trace, rounds = [], 0
         try:
             async for event in job.events():
@@ -186,7 +178,7 @@ class Server:
     """DlmService + health + reflection on one port; models load in the background, health says when done."""
 
     def __init__(self, backend: EngineBackend, limits: Limits | None = None):
-        self.backend, self.limits = backend, limits or Limits()
+        self.backend, self.limits = backend, limits or backend.engine.config.serving.limits
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.loading: asyncio.Task | None = None

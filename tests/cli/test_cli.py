@@ -1,8 +1,12 @@
 import json
+import re
 
 import yaml
+from transformers import AutoTokenizer
 
 from services.cli.cli import main
+
+GUIDER = ["generate", "--strategy", "ar", "--set", "model=guider", "--json"]
 
 
 def write_config(tmp_path, tiny_zoo) -> str:
@@ -16,11 +20,50 @@ def test_generate_json_contract(tmp_path, tiny_zoo, capsys):
     code = main(["--config", config, "generate", "--strategy", "ar", "--set", "model=guider", "--json", "count:"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    assert set(out) == {"text", "token_ids", "finish_reason", "seed", "stats"}
     assert {"rounds", "drafter_forwards", "guider_forwards", "tokens", "tpf", "p_cache", "ttft_s", "wall_s"} <= set(
         out["stats"]
     )
     assert out["stats"]["guider_forwards"] == out["stats"]["rounds"] == len(out["token_ids"])
+
+
+def generate(capsys, config: str, *args: str) -> dict:
+    assert main(["--config", config, *GUIDER, *args, "count:"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_stop_cuts_the_text_like_the_server(tmp_path, tiny_zoo, capsys):
+    config = write_config(tmp_path, tiny_zoo)
+    full = generate(capsys, config)
+    stop = full["text"][1:3]
+    out = generate(capsys, config, "--stop", "unseen", "--stop", stop)
+    assert out["text"] == full["text"][: full["text"].index(stop)] and out["finish_reason"] == "stop_sequence"
+    tok = AutoTokenizer.from_pretrained(tiny_zoo["guider"])
+    ids = out["token_ids"]
+    assert ids == full["token_ids"][: len(ids)]  # ending with the token that completed the stop string
+    assert stop in tok.decode(ids) and stop not in tok.decode(ids[:-1])
+
+
+def test_an_unset_seed_is_fresh_and_the_printed_one_reproduces_the_text(tmp_path, tiny_zoo, capsys):
+    config = write_config(tmp_path, tiny_zoo)
+    first, second = (generate(capsys, config, "--temperature", "1.0") for _ in range(2))
+    assert first["seed"] != second["seed"] and first["token_ids"] != second["token_ids"]
+    again = generate(capsys, config, "--temperature", "1.0", "--seed", str(first["seed"]))
+    assert (again["token_ids"], again["seed"]) == (first["token_ids"], first["seed"])
+
+
+def test_loading_is_quiet_unless_verbose_and_stats_is_one_line(tmp_path, tiny_zoo, capfd):
+    config = write_config(tmp_path, tiny_zoo)
+    assert main(["--config", config, "generate", "--strategy", "ar", "--stats", "count:"]) == 0
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in err and out.strip()
+    assert re.fullmatch(r"12 tokens, 12 rounds, TPF 1\.00, [\d.]+ tok/s\n", err)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_warning()
+    hf_logging.enable_progress_bar()
+    assert main(["--config", config, "--verbose", "generate", "--strategy", "ar", "count:"]) == 0
+    assert "Loading weights" in capfd.readouterr().err
 
 
 def test_generate_bad_parameter_exits_2(tmp_path, tiny_zoo, capsys):

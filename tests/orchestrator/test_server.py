@@ -6,11 +6,13 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import grpc
 import pytest
+import yaml
 
+from services.cli.cli import main
 from services.cli.client import DlmClient
 from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
@@ -61,7 +63,9 @@ def backend(engine) -> EngineBackend:
 
 @pytest.fixture(scope="module")
 def served(engine):
-    harness = Harness(backend(engine), Limits(max_new_tokens=64))
+    serving = replace(engine.config.serving, limits=Limits(max_new_tokens=64))
+    harness = Harness(EngineBackend(Engine(replace(engine.config, serving=serving), models=engine.models)))
+    assert harness.server.limits.max_new_tokens == 64  # the server's limits are the config's serving.limits
     harness.client.wait_ready()
     yield harness
     harness.close()
@@ -317,7 +321,9 @@ def test_shutdown_completes_live_streams_as_cancelled(engine, slow):
 
 
 def cli_args(**kw) -> argparse.Namespace:
-    base = dict(strategy=None, set=[], max_new_tokens=None, seed=0, temperature=0.0, top_p=1.0, json=False)
+    base = dict(
+        strategy=None, set=[], max_new_tokens=None, seed=0, temperature=0.0, top_p=1.0, json=False, stop=[], stats=False
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -349,6 +355,25 @@ def test_remote_generate_json_matches_in_process(served, engine, capsys):
     bad = cli_args(target=f"127.0.0.1:{served.port}", prompt=PROMPT, strategy="streaming", set=["window=0"])
     assert generate_remote(bad) == 2
     assert "window" in capsys.readouterr().err
+
+
+def test_remote_generate_takes_stop_and_seed_like_in_process(served, engine, tmp_path, capsys):
+    config = tmp_path / "dlm.yaml"
+    config.write_text(yaml.safe_dump({"engine": {"models": engine.config.models}}))
+    target = ["--target", f"127.0.0.1:{served.port}"]
+    argv = ["generate", "--strategy", "slot", "--set", "slot_size=4", "--set", "block_size=8", "--json"]
+    argv += ["--max-new-tokens", "12", "--temperature", "0.7", "--seed", "5"]
+    assert main(["--config", str(config), *argv, *target, PROMPT]) == 0
+    stop = json.loads(capsys.readouterr().out)["text"][2:4]
+    outs = []
+    for where in ([], target):
+        assert main(["--config", str(config), *argv, *where, "--stop", stop, PROMPT]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    local, remote = outs
+    assert remote["finish_reason"] == "stop_sequence" and stop not in remote["text"] and remote["seed"] == 5
+    assert {k: local[k] for k in ("text", "token_ids", "finish_reason", "seed")} == {
+        k: remote[k] for k in ("text", "token_ids", "finish_reason", "seed")
+    }
 
 
 def test_remote_bench(served, tmp_path, capsys):
