@@ -22,6 +22,8 @@ class ServingConfig:
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
+    metrics_export_port: int = 8080  # Ray's Prometheus endpoint (`dlm serve`; KubeRay's convention)
+    log_level: str = "INFO"  # the orchestrator's: INFO logs one JSON line per finished request
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
