@@ -32,7 +32,10 @@ def cmd_generate(args) -> int:
         if not args.json:
             print(engine.decode_text(event.ids), end="", flush=True)
 
-    result = engine.generate(args.prompt, args.strategy, params, args.max_new_tokens, sampling, on_commit=show)
+    if args.trace_png or args.trace_json:
+        result = traced_generate(engine, args, params, sampling, show)
+    else:
+        result = engine.generate(args.prompt, args.strategy, params, args.max_new_tokens, sampling, on_commit=show)
     if args.json:
         stats = {k: result.stats[k] for k in STATS_KEYS}
         print(
@@ -48,6 +51,29 @@ def cmd_generate(args) -> int:
     else:
         print()
     return 0
+
+
+def traced_generate(engine, args, params, sampling, show):
+    """Decode one prompt recording each round, then write its picture and/or its data."""
+    from services.orchestrator.decoding_trace import DecodingTrace, RecordingGate, finish
+    from services.orchestrator.engine import Result
+
+    req = engine.request(args.prompt, args.max_new_tokens, sampling)
+    seq = engine.add(req, args.strategy, params)
+    trace = DecodingTrace(seq.strategy)
+    seq.stages.gate = RecordingGate(seq.stages.gate, trace)
+    for event in engine.events(req):
+        show(event)
+    finish(trace, req, engine.decode_text)
+    if args.trace_json:
+        with open(args.trace_json, "w") as f:
+            json.dump(trace.to_dict(), f)
+    if args.trace_png:
+        from services.cli.plots import draw_decoding
+
+        draw_decoding(trace, args.trace_png)
+    ids = req.output_ids()
+    return Result(engine.decode_text(ids), ids, req.finish_reason, req.stats.to_dict())
 
 
 def cmd_bench(args) -> int:
@@ -75,6 +101,10 @@ def cmd_bench(args) -> int:
                 raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
         rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
     print(table(rows))
+    if args.plot:
+        from services.cli.plots import draw_bench
+
+        draw_bench(rows, args.plot, args.strategy or engine.config.strategy)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)
@@ -140,12 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
+    gen.add_argument("--trace-png", default=None, metavar="FILE", help="draw the decoding: positions against rounds")
+    gen.add_argument("--trace-json", default=None, metavar="FILE", help="the picture's data: each token's round")
     gen.set_defaults(func=cmd_generate)
 
     ben = sub.add_parser("bench", help="strategies vs the ar and mdm baselines on the same prompts")
     ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
+    ben.add_argument("--plot", default=None, metavar="FILE", help="PNG: tokens/s against TPF, or against concurrency")
     ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
     ben.add_argument(
         "--concurrency",
