@@ -131,9 +131,20 @@ def total(text: str, name: str, **labels: str) -> float:
     return out
 
 
+def settled(port: int) -> str:
+    """A scrape after earlier requests' metrics have reached the endpoint (Ray reports every 0.5 s here)."""
+    last = None
+    while True:
+        text = scrape(port)
+        if last is not None and total(text, "dlm_request_success_total") == total(last, "dlm_request_success_total"):
+            return text
+        last = text
+        time.sleep(1.5)
+
+
 def test_ray_metrics_endpoint_counts_the_requests_sent(served):
     client, _, metrics_port, _ = served
-    before = scrape(metrics_port)
+    before = settled(metrics_port)
     replies = [
         client.generate(PROMPT, strategy="streaming", params={"window": 6}, max_new_tokens=8 + i) for i in range(3)
     ]
