@@ -69,8 +69,8 @@ class Orchestrator:
         if not self.backend.ready:
             return  # models still loading: gRPC health says NOT_SERVING meanwhile
         roles = list(self.hosts.handles)
-        checks = [self.hosts.handles[role].check_health.remote() for role in roles]
-        done = await asyncio.wait_for(asyncio.gather(*checks, return_exceptions=True), HEALTH_TIMEOUT_S)
+        checks = [asyncio.wait_for(self.hosts.handles[role].check_health.remote(), HEALTH_TIMEOUT_S) for role in roles]
+        done = await asyncio.gather(*checks, return_exceptions=True)
         down = {role: repr(e) for role, e in zip(roles, done, strict=True) if isinstance(e, BaseException)}
         if down:
             raise RuntimeError(f"model deployments down: {down}")

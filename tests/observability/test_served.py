@@ -3,7 +3,9 @@ Prometheus endpoint counts exactly the requests sent."""
 
 import asyncio
 import json
+import os
 import re
+import signal
 import time
 import urllib.request
 
@@ -170,3 +172,38 @@ def test_ray_metrics_endpoint_counts_the_requests_sent(served):
     for gauge in GAUGES:
         assert re.search(rf'^ray_{gauge}\{{[^}}]*replica="[^"]+"', text, re.M), gauge
     assert re.search(r'^ray_dlm_kv_cache_usage_perc\{[^}]*deployment="drafter"', text, re.M)
+
+
+def own_replica_pid(deployment: str, marker: str) -> int:
+    """This cluster's `ray::ServeReplica:dlm:<deployment>`: the one whose environment holds marker (other clusters
+    may run on the machine)."""
+    title = f"ServeReplica:dlm:{deployment}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                mine = f.read().split(b"\0")[0].endswith(title)
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                mine = mine and marker.encode() in f.read()
+        except (OSError, ValueError):
+            continue
+        if mine:
+            pids.append(int(entry))
+    [pid] = pids
+    return pid
+
+
+def test_check_health_fails_while_a_model_replica_does_not_answer(served):
+    from ray import serve
+
+    _, spans_file, _, _ = served
+    app = serve.get_app_handle("dlm")
+    app.check_health.remote().result(timeout_s=30)
+    filter_replica = own_replica_pid("filter", str(spans_file))
+    os.kill(filter_replica, signal.SIGSTOP)
+    try:
+        with pytest.raises(Exception, match="model deployments down.*filter"):
+            app.check_health.remote().result(timeout_s=30)
+    finally:
+        os.kill(filter_replica, signal.SIGCONT)
+    app.check_health.remote().result(timeout_s=30)
