@@ -7,18 +7,16 @@ from services.ar_guider.host import GuiderHost
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
+from services.serving.replica import ReplicaHost
 
 
 @serve.deployment(name="guider")
-class GuiderDeployment(GuiderHost):
+class GuiderDeployment(ReplicaHost, GuiderHost):
     def __init__(self, config: dict, role: str = "guider"):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         super().__init__(load_model(cfg.path(role), cfg.device, cfg.dtype), cfg.serving.kv_budget_tokens)
-
-    def replica_id(self) -> str:
-        """The id the cache index records as holding a request's KV."""
-        return serve.get_replica_context().replica_id.unique_id
+        self.start_telemetry()
 
     def check_health(self) -> None:
         torch.ones(1, device=self.guider.model.device).add_(1)

@@ -42,13 +42,17 @@ def cmd_generate(args) -> int:
 
     engine = engine_from(args)
     req = engine.request(args.prompt, args.max_new_tokens, SamplingParams(args.temperature, args.top_p, args.seed))
+    seq = engine.add(req, args.strategy, parse_sets(args.set))
+    trace = recording(seq) if args.trace_png or args.trace_json else None
     text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
-    with closing(engine.stream(req, args.strategy, parse_sets(args.set))) as events:  # closing cancels at a stop
+    with closing(engine.events(req)) as events:  # closing cancels at a stop
         for event in events:
             show(args, text.push(event.ids)[0])
             if text.stopped:
                 break
     show(args, text.flush()[0])
+    if trace is not None:
+        write_trace(trace, args, req, engine)
     stats = req.stats.to_dict()
     if args.json:
         from services.serving.wire import FINISH, FINISH_NAMES
@@ -72,6 +76,28 @@ def cmd_generate(args) -> int:
 def show(args, delta: str) -> None:
     if delta and not args.json:
         print(delta, end="", flush=True)
+
+
+def recording(seq):
+    """Record each round of the sequence's decoding (its gate's decisions) for --trace-png / --trace-json."""
+    from services.orchestrator.decoding_trace import DecodingTrace, RecordingGate
+
+    trace = DecodingTrace(seq.strategy)
+    seq.stages.gate = RecordingGate(seq.stages.gate, trace)
+    return trace
+
+
+def write_trace(trace, args, req, engine) -> None:
+    from services.orchestrator.decoding_trace import finish
+
+    finish(trace, req, engine.decode_text)
+    if args.trace_json:
+        with open(args.trace_json, "w") as f:
+            json.dump(trace.to_dict(), f)
+    if args.trace_png:
+        from services.cli.plots import draw_decoding
+
+        draw_decoding(trace, args.trace_png)
 
 
 def cmd_bench(args) -> int:
@@ -99,6 +125,10 @@ def cmd_bench(args) -> int:
                 raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
         rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
     print(table(rows))
+    if args.plot:
+        from services.cli.plots import draw_bench
+
+        draw_bench(rows, args.plot, args.strategy or engine.config.strategy)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)
@@ -172,12 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
+    gen.add_argument("--trace-png", default=None, metavar="FILE", help="draw the decoding: positions against rounds")
+    gen.add_argument("--trace-json", default=None, metavar="FILE", help="the picture's data: each token's round")
     gen.set_defaults(func=cmd_generate)
 
     ben = sub.add_parser("bench", help="strategies vs the ar and mdm baselines on the same prompts")
     ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
+    ben.add_argument("--plot", default=None, metavar="FILE", help="PNG: tokens/s against TPF, or against concurrency")
     ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
     ben.add_argument(
         "--concurrency",

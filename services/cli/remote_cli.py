@@ -100,6 +100,10 @@ def bench_remote(args) -> int:
     except grpc.RpcError as e:
         return rpc_error(e)
     print(table(rows))
+    if args.plot:
+        from services.cli.plots import draw_bench
+
+        draw_bench(rows, args.plot, f"{args.strategy or 'server default'} on {args.target}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)

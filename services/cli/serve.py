@@ -24,12 +24,15 @@ def serve_ray(config_path: str, flags: dict) -> int:
     with open(resolved, "w") as f:
         yaml.safe_dump({"engine": asdict(config)}, f)
 
-    context = ray.init(logging_level="WARNING")
+    metrics_port = config.serving.metrics_export_port
+    # a local run keeps Ray's endpoints (Prometheus metrics included) on loopback
+    context = ray.init(logging_level="WARNING", _metrics_export_port=metrics_port, _node_ip_address="127.0.0.1")
     serve.run(build_app({"config": resolved}), name="dlm", route_prefix=None)
     with DlmClient(f"{host}:{port}") as client:
         client.wait_ready(timeout=600)
     print(f"dlm.v1.DlmService serving on {host}:{port}", flush=True)
     print(f"Ray dashboard: http://{context.dashboard_url} (token: `ray get-auth-token`)", flush=True)
+    print(f"Prometheus metrics: http://127.0.0.1:{metrics_port}/metrics", flush=True)
     stopping = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -41,6 +41,8 @@ class ServingConfig:
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
     limits: Limits = field(default_factory=Limits)
+    metrics_export_port: int = 8080  # Ray's Prometheus endpoint (`dlm serve`; KubeRay's convention)
+    log_level: str = "INFO"  # the orchestrator's: INFO logs one JSON line per finished request
 
     def __post_init__(self):
         if isinstance(self.limits, Mapping):

@@ -14,7 +14,8 @@ class Stats:
     filter_calls: int = 0
     tokens: int = 0
     drafter_tokens_processed: int = 0  # N_fwd: token instances through the drafter after prefill
-    accepted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)  # tokens decided per round
+    proposed: list[int] = field(default_factory=list)  # masked positions the drafter proposed per round
     start_s: float = field(default_factory=time.perf_counter)
     first_commit_s: float | None = None
     end_s: float | None = None
@@ -46,7 +47,8 @@ class Stats:
 
     def to_dict(self) -> dict:
         end = self.end_s if self.end_s is not None else time.perf_counter()
-        counts = {k: v for k, v in asdict(self).items() if k not in ("accepted", "start_s", "first_commit_s", "end_s")}
+        lists_and_clocks = ("accepted", "proposed", "start_s", "first_commit_s", "end_s")
+        counts = {k: v for k, v in asdict(self).items() if k not in lists_and_clocks}
         return {
             **counts,
             "tpf": self.tpf,

@@ -8,10 +8,11 @@ from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.dlm_drafter.host import DrafterHost
 from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
+from services.serving.replica import ReplicaHost
 
 
 @serve.deployment(name="drafter")
-class DrafterDeployment(DrafterHost):
+class DrafterDeployment(ReplicaHost, DrafterHost):
     def __init__(self, config: dict):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
@@ -20,10 +21,7 @@ class DrafterDeployment(DrafterHost):
         full = models.get("drafter_bidirectional")
         bidirectional = load_model(full, cfg.device, cfg.dtype) if full else None
         super().__init__(causal, bidirectional, cfg.serving.kv_budget_tokens)
-
-    def replica_id(self) -> str:
-        """The id the cache index records as holding a request's KV."""
-        return serve.get_replica_context().replica_id.unique_id
+        self.start_telemetry()
 
     def check_health(self) -> None:
         drafter = self.causal or self.bidirectional

@@ -1,8 +1,11 @@
 """The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
 the engine over their handles and serves gRPC. `serve deploy` takes `services.orchestrator.app:build_app`."""
 
+import asyncio
 from dataclasses import asdict
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -13,9 +16,13 @@ from services.filter.deployment import FilterDeployment
 from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.async_engine import AsyncEngine
 from services.orchestrator.backend import EngineBackend
+from services.orchestrator.metrics import ServeMetrics
 from services.orchestrator.remote import RemoteHosts
 from services.orchestrator.server import Server
+from services.orchestrator.telemetry import Telemetry
 from services.serving.indexes import make_index
+
+HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 
 
 @serve.deployment(name="orchestrator", num_replicas=1)
@@ -25,13 +32,20 @@ class Orchestrator:
         replica_threads(cfg)
         serving = cfg.serving
         self.hosts = RemoteHosts(cfg, handles)
-        replicas = {role: await handles[role].replica_id.remote() for role in ("drafter", "guider") if role in handles}
+        replicas = {role: await handle.replica_id.remote() for role, handle in handles.items()}
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-        admission = IndexAdmission(self.index, replicas, serving.kv_budget_tokens, serving.request_ttl_s)
-        engines = [AsyncEngine(cfg, self.hosts, admission) for _ in range(serving.micro_batches)]
+        kv_replicas = {role: replicas[role] for role in ("drafter", "guider") if role in replicas}
+        admission = IndexAdmission(self.index, kv_replicas, serving.kv_budget_tokens, serving.request_ttl_s)
+        metrics = ServeMetrics()
+        engines = [
+            AsyncEngine(cfg, self.hosts, admission, Telemetry(cfg, metrics, replicas, engine=i))
+            for i in range(serving.micro_batches)
+        ]
         self.backend = EngineBackend(*engines)
         self.server = Server(self.backend)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
+        local = "127.0.0.1" if serving.host in ("0.0.0.0", "::", "[::]") else serving.host
+        self.channel = grpc.aio.insecure_channel(f"{local}:{self.port}")
 
     def address(self) -> str:
         return f"port {self.port}"
@@ -49,8 +63,17 @@ class Orchestrator:
         return {role: dict(sizes) for role, sizes in self.hosts.batches.items()}
 
     async def check_health(self) -> None:
+        """Serve restarts this replica when it raises: the gRPC server does not answer its health service, or,
+        once the models have loaded, a model deployment does not answer its health check."""
+        await health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
         if not self.backend.ready:
             return  # models still loading: gRPC health says NOT_SERVING meanwhile
+        roles = list(self.hosts.handles)
+        checks = [asyncio.wait_for(self.hosts.handles[role].check_health.remote(), HEALTH_TIMEOUT_S) for role in roles]
+        done = await asyncio.gather(*checks, return_exceptions=True)
+        down = {role: repr(e) for role, e in zip(roles, done, strict=True) if isinstance(e, BaseException)}
+        if down:
+            raise RuntimeError(f"model deployments down: {down}")
 
 
 def build_app(args: dict | None = None):
@@ -80,5 +103,6 @@ def build_app(args: dict | None = None):
     if "filter" in cfg.models:
         filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
         handles["filter"] = FilterDeployment.options(**filter_options).bind(config)
-    orchestrator = {"ray_actor_options": {"num_cpus": 0.5}, "logging_config": quiet, "max_ongoing_requests": 1000}
+    logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
+    orchestrator = {"ray_actor_options": {"num_cpus": 0.5}, "logging_config": logs, "max_ongoing_requests": 1000}
     return Orchestrator.options(**orchestrator).bind(config, **handles)

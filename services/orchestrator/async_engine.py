@@ -16,7 +16,8 @@ class AsyncEngine(Engine):
         for out in ended:
             emit(out)
         while rounds.waiting:
-            call = asyncio.ensure_future(self.models.execute(rounds.groups()))
+            groups = rounds.groups()
+            call = asyncio.ensure_future(self.models.execute(groups, rounds.parents()))
             while not call.done():
                 await asyncio.wait({call}, timeout=self.next_deadline(rounds))
                 self.expire(rounds, emit)

@@ -20,6 +20,7 @@ from services.orchestrator.loop import Rounds, one_round, run
 from services.orchestrator.pool import ModelPool
 from services.orchestrator.scheduler import Admission, Scheduler, Sequence, TokenAdmission
 from services.orchestrator.strategies import make_params
+from services.orchestrator.telemetry import Telemetry
 
 Prompt = str | list[int]
 
@@ -46,7 +47,13 @@ class Result:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, models=None, admission: Admission | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        models=None,
+        admission: Admission | None = None,
+        telemetry: Telemetry | None = None,
+    ):
         if config.threads:
             torch.set_num_threads(config.threads)
         self.config = config
@@ -58,6 +65,7 @@ class Engine:
         self.releases: dict[str, list[str]] = {}  # role -> ended requests whose KV it still holds
         self.ids = itertools.count()
         self.worker: ThreadPoolExecutor | None = None  # step_async's thread: the event loop stays free
+        self.telemetry = telemetry or Telemetry(config)
 
     @property
     def tokenizer(self):
@@ -112,6 +120,7 @@ class Engine:
         seq = Sequence(req, stages, name, overrides, deadline)
         self.scheduler.add(seq)
         self.sequences[req.id] = seq
+        self.telemetry.added(seq)
         return seq
 
     def add_request(
@@ -156,7 +165,9 @@ class Engine:
             if seq.stop_reason or (seq.deadline is not None and now > seq.deadline)
         ]
         running = self.scheduler.schedule()
-        return ended, Rounds({seq.req.id: (seq.req, one_round(seq.req, seq.stages)) for seq in running})
+        self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
+        traces = self.telemetry.round_begins(running)
+        return ended, Rounds({seq.req.id: (seq.req, one_round(seq.req, seq.stages)) for seq in running}, traces)
 
     def end_step(self, rounds: Rounds) -> list[Output]:
         outputs = []
@@ -164,6 +175,7 @@ class Engine:
             seq = self.sequences.get(rid)
             if seq is None:
                 continue  # ended while its round was out (a deadline)
+            self.telemetry.round_ends(seq, result)
             if isinstance(result, BaseException):
                 outputs.append(self.end(seq, "error", result))
                 continue
@@ -172,6 +184,7 @@ class Engine:
             if seq.req.finished:
                 self.end(seq)
         self.flush_releases()
+        self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
         return outputs
 
     def end(self, seq: Sequence, reason: str | None = None, error: BaseException | None = None) -> Output:
@@ -184,6 +197,7 @@ class Engine:
         if reason is not None:
             req.finish_reason = reason
         req.stats.finish()
+        self.telemetry.finished(seq, error)
         return Output(req.id, Committed([], [], req.finish_reason), error)
 
     def flush_releases(self) -> None:

@@ -14,7 +14,8 @@ from services.orchestrator.strategies import Stages
 Key = tuple[str, str]  # (role, method)
 Groups = dict[Key, list[tuple]]  # each group's args, one per call, in order
 Results = dict[Key, list[Reply] | BaseException]  # each group's replies in the same order, or why it failed
-Execute = Callable[[Groups], Results]
+Parents = dict[Key, list[str]] | None  # per group, each call's round traceparent; None: untraced
+Execute = Callable[[Groups, Parents], Results]
 
 COUNTERS = {"drafter": "drafter_forwards", "drafter_ar": "drafter_forwards", "ar": "drafter_forwards"}
 COUNTERS |= {"guider": "guider_forwards", "filter": "filter_calls"}
@@ -24,7 +25,9 @@ def one_round(req: Request, stages: Stages) -> Stage[Committed]:
     region = stages.commit.region(req)
     proposal = yield from stages.propose(req, region)
     verdict = (yield from stages.verify(req, region, proposal)) if stages.verify else None
-    return stages.commit(req, stages.gate(req, region, proposal, verdict))
+    decision = stages.gate(req, region, proposal, verdict)
+    req.stats.proposed.append(len(proposal.positions))
+    return stages.commit(req, decision)
 
 
 def account(req: Request, call: Call, reply: Reply) -> Any:
@@ -38,8 +41,9 @@ def account(req: Request, call: Call, reply: Reply) -> Any:
 
 
 class Rounds:
-    def __init__(self, rounds: dict[str, tuple[Request, Stage[Committed]]]):
+    def __init__(self, rounds: dict[str, tuple[Request, Stage[Committed]]], traces: dict[str, str] | None = None):
         self.rounds = rounds
+        self.traces = traces  # request id -> its round span's traceparent (services/orchestrator/telemetry.py)
         self.waiting: dict[str, list[Call]] = {}  # request id -> the calls its round waits on
         self.layout: dict[Key, list[tuple[str, int]]] = {}  # per group, (request id, index in its calls) per arg
         self.done: dict[str, Committed | BaseException] = {}
@@ -61,6 +65,12 @@ class Rounds:
             for j, call in enumerate(calls):
                 self.layout.setdefault((call.role, call.method), []).append((rid, j))
         return {key: [self.waiting[rid][j].args for rid, j in entries] for key, entries in self.layout.items()}
+
+    def parents(self) -> Parents:
+        """After groups(): each call's round traceparent, in the groups' order."""
+        if self.traces is None:
+            return None
+        return {key: [self.traces.get(rid, "") for rid, _ in entries] for key, entries in self.layout.items()}
 
     def deliver(self, results: Results) -> None:
         """Hand each waiting round its values; a round whose group failed ends with that error."""
@@ -90,4 +100,5 @@ class Rounds:
 
 def run(rounds: Rounds, execute: Execute) -> None:
     while rounds.waiting:
-        rounds.deliver(execute(rounds.groups()))
+        groups = rounds.groups()
+        rounds.deliver(execute(groups, rounds.parents()))

@@ -5,10 +5,11 @@ import asyncio
 from services.ar_guider.host import GuiderHost
 from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta, load_model
+from services.common.tracing import stage_spans
 from services.dlm_drafter.host import DrafterHost
 from services.filter.host import FilterHost
 from services.filter.model import Learn2PDFilter
-from services.orchestrator.loop import Groups, Results
+from services.orchestrator.loop import Groups, Parents, Results
 
 Host = DrafterHost | GuiderHost | FilterHost
 
@@ -45,11 +46,12 @@ class ModelPool:
     def filter_block_size(self) -> int:
         return self.host("filter").block_size()
 
-    def execute(self, groups: Groups) -> Results:
+    def execute(self, groups: Groups, parents: Parents = None) -> Results:
         results: Results = {}
         for (role, method), args in groups.items():
             try:
-                results[role, method] = getattr(self.host(role), method)(args)
+                with stage_spans(role, method, parents and parents[role, method], "local"):
+                    results[role, method] = getattr(self.host(role), method)(args)
             except Exception as e:  # fails the requests of this group only
                 results[role, method] = e
         return results

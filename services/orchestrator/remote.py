@@ -10,7 +10,7 @@ from ray.serve.handle import DeploymentHandle
 
 from services.common.config import EngineConfig
 from services.common.models import ModelMeta, load_meta
-from services.orchestrator.loop import Groups, Results
+from services.orchestrator.loop import Groups, Parents, Results
 from services.orchestrator.pool import first_role
 from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 
@@ -29,11 +29,16 @@ class RemoteHosts:
             raise ValueError(f"model {role!r} is not served by this deployment (served: {sorted(self.handles)})")
         return self.handles[deployment]
 
-    async def execute(self, groups: Groups) -> Results:
+    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
+        """Each group as one call of its replica's `run` (services/serving/replica.py), with its calls' round
+        traceparents when traced."""
         keys = list(groups)
         for role, method in keys:
             self.batches[role][len(groups[role, method])] += 1
-        calls = [getattr(self.handle(role), method).remote(groups[role, method]) for role, method in keys]
+        calls = [
+            self.handle(role).run.remote(method, groups[role, method], parents and parents[role, method])
+            for role, method in keys
+        ]
         return dict(zip(keys, await asyncio.gather(*calls, return_exceptions=True), strict=True))
 
     def release(self, role: str, request_ids: list[str]) -> None:

@@ -31,7 +31,7 @@ def decode(script: list[int], n: int, commit: Commit) -> Request:
     req = Request("r", [3, 4], n, MASK, EOS)
     stages = Stages(Scripted(script), Threshold(0.5), commit)
     while not req.finished:
-        run(Rounds({req.id: (req, one_round(req, stages))}), lambda groups: {})
+        run(Rounds({req.id: (req, one_round(req, stages))}), lambda groups, parents: {})
     return req
 
 

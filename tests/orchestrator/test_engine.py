@@ -38,9 +38,9 @@ def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
     calls: list[dict] = []
     execute = eng.models.execute
 
-    def recording(groups):
+    def recording(groups, parents=None):
         calls.append({key: len(args) for key, args in groups.items()})
-        return execute(groups)
+        return execute(groups, parents)
 
     eng.models.execute = recording
     try:
@@ -94,8 +94,8 @@ def test_a_failing_host_call_fails_only_its_group(engine):
     eng = own_engine(engine)
     execute = eng.models.execute
 
-    def failing(groups):
-        results = execute(groups)
+    def failing(groups, parents=None):
+        results = execute(groups, parents)
         if ("ar", "forward") in results:
             results["ar", "forward"] = RuntimeError("replica lost")
         return results
@@ -121,7 +121,7 @@ class StalledHosts:
     def __getattr__(self, name):
         return getattr(self.models, name)
 
-    async def execute(self, groups):
+    async def execute(self, groups, parents=None):
         await asyncio.Event().wait()
 
     def release(self, role, ids):

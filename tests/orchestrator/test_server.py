@@ -379,7 +379,12 @@ def test_remote_generate_takes_stop_and_seed_like_in_process(served, engine, tmp
 def test_remote_bench(served, tmp_path, capsys):
     out = tmp_path / "bench.json"
     args = argparse.Namespace(
-        target=f"127.0.0.1:{served.port}", concurrency="1,2", max_new_tokens=4, strategy="streaming", json=str(out)
+        target=f"127.0.0.1:{served.port}",
+        concurrency="1,2",
+        max_new_tokens=4,
+        strategy="streaming",
+        json=str(out),
+        plot=None,
     )
     assert bench_remote(args) == 0
     rows = json.loads(out.read_text())
