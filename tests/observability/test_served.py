@@ -73,12 +73,12 @@ def test_a_replica_stage_span_is_a_child_of_its_round_in_memory(served):
     cfg = EngineConfig.from_yaml(config)
     handles = {role: serve.get_deployment_handle(role, "dlm") for role in ("drafter", "guider", "ar", "filter")}
     hosts = RemoteHosts(cfg, handles)
-    hosts.start()
     engine = AsyncEngine(cfg, hosts)
     req = engine.request(PROMPT, 8)
-    engine.add(req, "pipeline", {"window": 6})
 
     async def drive():
+        await hosts.start()
+        engine.add(req, "pipeline", {"window": 6})
         while engine.has_unfinished():
             await engine.step_async(lambda out: None)
 
