@@ -6,7 +6,6 @@ import torch
 
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
-from services.filter.model import Learn2PDFilter
 
 
 def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decision:
@@ -77,8 +76,10 @@ class Credit:
 
 
 class Hierarchical:
-    """Hierarchical decoding (001 B.1): confident tokens, plus one per contiguous masked span when the span's best
-    clears the lower bound, preferring the span's centre, so masked regions split recursively across forwards."""
+    """Hierarchical decoding (001 B.1): every token above the threshold, plus one token in each contiguous masked
+    span: of the span's tokens above the lower bound, the one nearest its centre (the more confident of two equally
+    near). A decided centre splits its span in two, so the masked regions shrink recursively: a block whose tokens
+    all clear the lower bound is decoded in about log2(size) forwards, one token per region each forward."""
 
     def __init__(self, threshold: float, low_threshold: float):
         self.threshold, self.low = threshold, low_threshold
@@ -86,11 +87,14 @@ class Hierarchical:
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
         accept = proposal.probs > self.threshold
         for span in spans(proposal.positions):
+            probs = proposal.probs[span]
+            candidates = (probs > self.low).nonzero().squeeze(-1)
+            if len(candidates) == 0:
+                continue
             pos = proposal.positions[span].float()
-            score = proposal.probs[span] - 1e-3 * (pos - pos.mean()).abs()  # near-ties go to the centre
-            best = span[score.argmax()]
-            if proposal.probs[best] >= self.low:
-                accept[best] = True
+            distance = (pos[candidates] - pos.mean()).abs()
+            nearest = candidates[distance == distance.min()]
+            accept[span[nearest[probs[nearest].argmax()]]] = True
         return pick(proposal, accept, proposal.probs)
 
 
@@ -114,19 +118,14 @@ class EntropyWindow:
 
 
 class FilterGate:
-    """Learn2PD (004 Alg. 2): the filter scores the block's confidences; decided positions count as certain."""
+    """Learn2PD (004 Alg. 2): accept the proposals whose filter score (the verdict's, aligned with the proposal)
+    exceeds the threshold."""
 
-    def __init__(self, model: Learn2PDFilter, threshold: float):
-        self.model, self.threshold = model, threshold
+    def __init__(self, threshold: float):
+        self.threshold = threshold
 
-    def scores(self, req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
-        confidence = torch.ones(region.end - region.start)
-        confidence[proposal.positions - region.start] = proposal.probs
-        req.stats.filter_calls += 1
-        return self.model.accept_probs(confidence, req.id)[proposal.positions - region.start]
-
-    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        score = self.scores(req, region, proposal)
+    def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
+        score = verdict.filter_scores
         return pick(proposal, score > self.threshold, score)
 
 

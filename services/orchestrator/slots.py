@@ -126,10 +126,11 @@ class SlotGate:
                 work.valid[0] = min(prefix, len(work.drafts[0]))  # the first slot's prefix holds under Eq. 8 too
         else:
             for i, slot_ok in enumerate(ok):
-                valid = int(slot_ok.long().cumprod(0).sum())
-                if valid <= work.valid[i]:  # no progress: take the drafter's own AR choice past the prefix
-                    valid = work.valid[i] + 1
-                    work.drafts[i][valid - 1] = targets[i][valid - 1]
+                kept = work.valid[i]  # Eq. 8: the verified prefix stays verified; only the re-predicted suffix counts
+                valid = kept + int(slot_ok[kept:].long().cumprod(0).sum())
+                if valid == kept:  # no progress: take the drafter's own AR choice past the prefix
+                    valid = kept + 1
+                    work.drafts[i][kept] = targets[i][kept]
                 work.valid[i] = valid
                 if valid == len(work.drafts[i]):
                     done.append(i)

@@ -2,9 +2,10 @@
 
 ar: baseline AR. mdm: LLaDA low-confidence remasking (004 §3.1.1). threshold: Fast-dLLM (001 §2.2, §4.1).
 credit: 001 B.2 (beta, gamma, alpha are ours: 001 fixes only their ranges). hierarchical: 001 B.1, App. D.
-guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, §6.4
-(window 16 is ours). learn2pd: 004 Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding
-and the Learn2PD filter keeping drafts as context.
+guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, window
+and distance penalty from §6.2's main setting, entropy threshold from §6.4's recommended range. learn2pd: 004
+Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding and the Learn2PD filter keeping
+drafts as context.
 """
 
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from services.orchestrator.gate import (
 )
 from services.orchestrator.propose import ARPropose
 from services.orchestrator.slots import SlotGate, SlotPropose, SlotVerify
-from services.orchestrator.verify import GuiderVerify
+from services.orchestrator.verify import FilterScores, FilterVerify, GuiderVerify
 
 
 @dataclass(slots=True)
@@ -88,9 +89,9 @@ class BlockParams:
     def drafter_for(self, models, logits: bool = False):
         return models.drafter(self.drafter, self.cache, Smoothing() if self.smoothing else None, logits)
 
-    def stages(self, models, gate) -> Stages:
+    def stages(self, models, gate, verify=None) -> Stages:
         drafter = self.drafter_for(models)
-        return Stages(drafter.propose, gate, Commit("block", self.block_size), holders=(drafter,))
+        return Stages(drafter.propose, gate, Commit("block", self.block_size), verify, holders=(drafter,))
 
 
 @dataclass(slots=True)
@@ -168,7 +169,7 @@ class Learn2PDParams(BlockParams):
         filt = models.filter()
         if self.block_size > filt.config.block_size:
             raise ValueError(f"block_size {self.block_size} exceeds the filter's block of {filt.config.block_size}")
-        return self.stages(models, FilterGate(filt, self.filter_threshold))
+        return self.stages(models, FilterGate(self.filter_threshold), FilterVerify(FilterScores(filt)))
 
 
 @dataclass(slots=True)
@@ -221,9 +222,9 @@ class SlotParams:
 
 @dataclass(slots=True)
 class StreamingParams:
-    window: int = 16
+    window: int = 6
     entropy_threshold: float = 0.4
-    distance_penalty: float = 0.05
+    distance_penalty: float = 0.1
 
     def __post_init__(self):
         check_positive("window", self.window)
@@ -255,7 +256,7 @@ class PipelineParams:
         if self.window > filt.config.block_size:
             raise ValueError(f"window {self.window} exceeds the filter's block of {filt.config.block_size}")
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
-        verify = GuiderVerify(guider, self.top_k_match, FilterGate(filt, self.filter_threshold))
+        verify = GuiderVerify(guider, self.top_k_match, FilterScores(filt))
         return Stages(drafter.propose, gate, Commit("window", self.window), verify, holders=(drafter, guider))
 
 
