@@ -28,5 +28,5 @@ test: lint
 # configured in pyproject.toml [tool.mutmut]. CPU-heavy and not part of `make test`. MUTATION_JOBS workers.
 MUTATION_JOBS ?= 2
 mutation: setup
-	$(BIN)/mutmut run --max-children $(MUTATION_JOBS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTATION_JOBS)  # one torch thread: workers fork
 	$(BIN)/mutmut results

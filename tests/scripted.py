@@ -21,6 +21,7 @@ from services.common.models import LoadedModel, ModelMeta
 from services.orchestrator.engine import Engine, ModelPool
 
 VOCAB, EOS, MASK = 32, 0, 1  # token ids 2 .. VOCAB - 1 are plain tokens
+MAX_FORWARDS = 200  # a decode that does not end fails its test instead of hanging it
 
 
 def row(masses: Mapping[int, float], vocab: int = VOCAB, mask_id: int = MASK) -> torch.Tensor:
@@ -65,6 +66,7 @@ class ScriptedLM(nn.Module):
             is_causal=not bidirectional,
         )
         self.inputs: list[int] = []  # tokens through the model, per forward
+        self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
 
     @property
     def device(self) -> torch.device:
@@ -89,6 +91,8 @@ class ScriptedLM(nn.Module):
     ):
         ids = input_ids if input_ids is not None else inputs_embeds.argmax(-1)  # [B, Q]
         self.inputs.append(ids.shape[-1])
+        self.calls.append((ids, attention_mask))
+        assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
         if past_key_values is not None:
             dummy = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
             for layer in range(self.config.num_hidden_layers):

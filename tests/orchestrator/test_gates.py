@@ -65,7 +65,8 @@ def test_spans_group_consecutive_positions():
 
 
 def test_accept_all():
-    assert decided(AcceptAll()(request(), Region(0, 4), proposal([0, 2], [0.1, 0.2]), None)) == [0, 2]
+    decision = AcceptAll()(request(), Region(0, 4), proposal([0, 2], [0.1, 0.2]), None)
+    assert decided(decision) == [0, 2] and decision.ids.tolist() == [10, 12]
 
 
 # ---------------------------------------------------------------- threshold (Fast-dLLM 001 §2.2)
@@ -274,6 +275,11 @@ def test_entropy_window_penalises_distance_to_the_leftmost_mask():
         request(), Region(4, 12), proposal(positions, [0.9] * 6, entropy=entropy), None
     )
     assert decided(no_penalty) == [4, 5, 6, 7, 9, 10]
+
+
+def test_entropy_window_threshold_is_strict():
+    prop = proposal([0, 1, 2], [0.9] * 3, entropy=[0.125, 0.25, 0.125])  # exact in binary
+    assert decided(EntropyWindow(0.25, 0.0)(request(), Region(0, 4), prop, None)) == [0, 2]
 
 
 def test_entropy_window_falls_back_to_the_lowest_adjusted_entropy():

@@ -119,3 +119,19 @@ def test_a_weak_token_inside_the_second_slot_remasks_it_and_completes_it_alone()
     assert req.output_ids() == TOKENS
     assert [len(e.ids) for e in events] == [8, 0, 0, 8]  # slot 0 whole in round 1; slot 8 after completion
     assert req.stats.accepted == [8, 0, 0, 8]
+
+
+def test_completing_slots_are_predicted_in_isolation():
+    """000 Eq. 9: each selected slot re-predicts its suffix from the context and its own prefix only."""
+    script = confident(TOKENS)
+    script[3] = row({TOKENS[3]: 0.3, 2: 0.25})  # both slots are selected; both fail verification inside
+    script[11] = row({TOKENS[11]: 0.3, 2: 0.25})
+    model = ScriptedLM(script, len(PROMPT))
+    engine = scripted_engine({"drafter": model}, 16)
+    assert engine.generate(PROMPT, "slot", SLOT).token_ids == TOKENS
+    infills = [mask for ids, mask in model.calls if (ids == MASK).any() and mask is not None and mask.dim() == 4]
+    assert infills, "completion re-predicts the slots in one forward with a per-slot attention mask"
+    two_slots_together = infills[0][0, 0]  # [Q, past + Q]
+    q = two_slots_together.shape[0]
+    new = two_slots_together[:, -q:]
+    assert not new.tril().equal(torch.ones(q, q, dtype=torch.bool).tril())  # some earlier token is hidden
