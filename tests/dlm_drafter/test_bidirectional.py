@@ -51,3 +51,34 @@ def test_iteration_smoothing_survives_an_eos_cutting_the_block(tiny_zoo):
     req.decide(torch.tensor([5]), torch.tensor([loaded.eos_id]))  # horizon 8 -> 6
     proposal = drafter.propose(req, Region(0, req.horizon))
     assert proposal.positions.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_forward_in_a_new_block_matches_full_forward(tiny_zoo, cache):
+    """Fast-dLLM refreshes the cache at every block: block 2 never attends to KV computed while block 1 was masked.
+    (FreeCache keeps earlier blocks' KV frozen by design, so it is not exact here.)"""
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    full, cached = BidirectionalDrafter(loaded, "none"), BidirectionalDrafter(loaded, cache)
+    req = Request("r", [5, 9, 11, 7], 24, loaded.mask_id, loaded.eos_id)
+    cached.propose(req, Region(0, 8))
+    req.decide(torch.arange(8), torch.arange(30, 38))
+    for _ in range(2):
+        torch.testing.assert_close(
+            cached.propose(req, Region(8, 16)).logits, full.propose(req, Region(8, 16)).logits, atol=1e-4, rtol=0
+        )
+
+
+def test_no_cache_mode_keeps_no_kv(tiny_zoo):
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    drafter = BidirectionalDrafter(loaded, "none")
+    req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
+    first = drafter.propose(req, Region(0, 8)).logits
+    assert drafter.caches["r"].kv.get_seq_length() == 0
+    torch.testing.assert_close(drafter.propose(req, Region(0, 8)).logits, first)
+    drafter.release("r")
+    assert "r" not in drafter.caches
+
+
+def test_smoothing_weight_grows_to_its_cap():
+    smoothing = Smoothing()
+    assert [round(smoothing.alpha(step), 6) for step in (0, 1, 2, 4, 10)] == [0.1, 0.15, 0.2, 0.3, 0.3]

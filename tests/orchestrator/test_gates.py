@@ -172,6 +172,20 @@ def test_credit_fusion_lifts_steady_tokens_over_the_threshold():
     assert len(Credit(0.85, 0.7, 0.5, 1.0)(request(), Region(0, 4), prop, None).positions) == 1
 
 
+def test_credit_decays_by_beta():
+    """beta 0.5: the pair of steady tokens needs three rounds to clear 0.85 (dividing by beta would take two)."""
+    gate, ref, req, region = Credit(0.85, 0.5, 0.5, 1.0), CreditReference(4, 0.5, 0.5, 1.0), request(), Region(0, 4)
+    logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]] * 2)
+    counts = []
+    for _ in range(3):
+        prop = Proposal(
+            torch.arange(2), torch.zeros(2, dtype=torch.long), torch.full((2,), 0.71), torch.zeros(2), logits
+        )
+        counts.append(len(gate(req, region, prop, None).positions))
+        fused = ref.fused(0, logits[0]).max()
+    assert counts == [1, 1, 2] and fused > 0.85
+
+
 def test_credit_keeps_the_token_with_history_over_a_new_favourite():
     gate, req, region = Credit(0.99, 0.9, 0.5, 2.0), request(), Region(0, 2)
     steady = torch.tensor([[1.5, 0.0, 0.0, 0.0, 0.0]])
@@ -254,6 +268,13 @@ def test_hierarchical_one_per_span_plus_everything_above_the_threshold():
     decision = Hierarchical(0.92, 0.62)(request(), Region(0, 13), proposal(positions, probs), None)
     # span 0-2: centre 1; span 5-9: 5 is above the threshold, centre 7; 9 at 0.92 is not above; 12 below the bound
     assert decided(decision) == [1, 5, 7]
+
+
+def test_hierarchical_a_span_without_candidates_leaves_the_next_spans_alone():
+    decision = Hierarchical(0.92, 0.62)(
+        request(), Region(0, 8), proposal([0, 1, 4, 5, 6], [0.3, 0.4] + [0.7] * 3), None
+    )
+    assert decided(decision) == [5]
 
 
 def test_hierarchical_falls_back_to_the_most_confident_when_nothing_clears():
@@ -370,3 +391,28 @@ def test_guider_agreement_keeps_confident_drafts_past_the_agreement_as_context()
         request(), Region(0, 5), drafts(0, draft), guider_verdict(0, draft, target)
     )
     assert without.fill_positions.tolist() == []
+
+
+def test_guider_agreement_top2_never_rejects_the_guiders_own_choice():
+    verdict = guider_verdict(0, [20, 21], [20, 21], [[20, 40], [21, 41]], [0.9, 0.9])
+    prop = drafts(0, [20, 21], [0.1, 0.1])  # the drafter is unsure, but the guider agrees
+    assert decided(GuiderAgreement(2, 0.5, False)(request(), Region(0, 2), prop, verdict)) == [0, 1]
+
+
+def test_guider_agreement_guidance_threshold_is_strict():
+    verdict = guider_verdict(0, [31, 21], [20, 21], [[20, 31], [21, 41]], [0.5, 0.9])
+    prop = drafts(0, [31, 21], [0.25, 0.9])  # 0.25 is exactly 0.5 * 0.5
+    decision = GuiderAgreement(2, 0.5, False)(request(), Region(0, 2), prop, verdict)
+    assert decided(decision) == [0] and decision.ids.tolist() == [20]
+
+
+def test_guider_agreement_full_agreement_with_bonus_and_filter_scores():
+    verdict = guider_verdict(0, [20, 21, 22], [20, 21, 22], filter_scores=[0.99, 0.99, 0.99])
+    decision = GuiderAgreement(1, 0.5, True, 0.96)(request(), Region(0, 3), drafts(0, [20, 21, 22]), verdict)
+    assert decided(decision) == [0, 1, 2] and decision.fill_positions.tolist() == []
+
+
+def test_guider_agreement_keep_threshold_is_strict():
+    verdict = guider_verdict(0, [20, 31, 32], [20, 21, 22], filter_scores=[0.9, 0.5, 0.75])
+    decision = GuiderAgreement(1, 0.5, False, 0.5)(request(), Region(0, 3), drafts(0, [20, 31, 32]), verdict)
+    assert decision.fill_positions.tolist() == [2]
