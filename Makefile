@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= count from 3 step 2 for 12:
 
-.PHONY: setup run test lint
+.PHONY: setup run test lint mutation
 
 setup: $(VENV)/.installed
 
@@ -24,3 +24,10 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+# Mutation testing of the decode core (gates, slots, commit, proposals, drafter caches) against the fast tests;
+# configured in pyproject.toml [tool.mutmut]. CPU-heavy and not part of `make test`. MUTATION_JOBS workers.
+MUTATION_JOBS ?= 2
+mutation: setup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTATION_JOBS)  # one torch thread: workers fork
+	$(BIN)/mutmut results

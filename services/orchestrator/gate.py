@@ -76,8 +76,10 @@ class Credit:
 
 
 class Hierarchical:
-    """Hierarchical decoding (001 B.1): confident tokens, plus one per contiguous masked span when the span's best
-    clears the lower bound, preferring the span's centre, so masked regions split recursively across forwards."""
+    """Hierarchical decoding (001 B.1): every token above the threshold, plus one token in each contiguous masked
+    span: of the span's tokens above the lower bound, the one nearest its centre (the more confident of two equally
+    near). A decided centre splits its span in two, so the masked regions shrink recursively: a block whose tokens
+    all clear the lower bound is decoded in about log2(size) forwards, one token per region each forward."""
 
     def __init__(self, threshold: float, low_threshold: float):
         self.threshold, self.low = threshold, low_threshold
@@ -85,11 +87,14 @@ class Hierarchical:
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
         accept = proposal.probs > self.threshold
         for span in spans(proposal.positions):
+            probs = proposal.probs[span]
+            candidates = (probs > self.low).nonzero().squeeze(-1)
+            if len(candidates) == 0:
+                continue
             pos = proposal.positions[span].float()
-            score = proposal.probs[span] - 1e-3 * (pos - pos.mean()).abs()  # near-ties go to the centre
-            best = span[score.argmax()]
-            if proposal.probs[best] >= self.low:
-                accept[best] = True
+            distance = (pos[candidates] - pos.mean()).abs()
+            nearest = candidates[distance == distance.min()]
+            accept[span[nearest[probs[nearest].argmax()]]] = True
         return pick(proposal, accept, proposal.probs)
 
 

@@ -78,12 +78,9 @@ class SlotPropose:
         proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.generator, req.mask_id)
         filled = torch.cat(ids)
         filled[masked] = proposal.ids
-        offset = 0
-        for i, draft in enumerate(work.drafts):
-            work.drafts[i] = filled[offset : offset + len(draft)]
-            if work.valid[i] == 0:
-                work.first_probs[i] = float(proposal.probs[int(masked[:offset].sum())])
-            offset += len(draft)
+        # every slot keeps a verified prefix of at least its first token (the fresh round verified it), so
+        # first_probs, the probability of that token from the select forward, stays as it is
+        work.drafts = list(filled.split([len(d) for d in work.drafts]))
         return proposal
 
 
@@ -129,10 +126,11 @@ class SlotGate:
                 work.valid[0] = min(prefix, len(work.drafts[0]))  # the first slot's prefix holds under Eq. 8 too
         else:
             for i, slot_ok in enumerate(ok):
-                valid = int(slot_ok.long().cumprod(0).sum())
-                if valid <= work.valid[i]:  # no progress: take the drafter's own AR choice past the prefix
-                    valid = work.valid[i] + 1
-                    work.drafts[i][valid - 1] = targets[i][valid - 1]
+                kept = work.valid[i]  # Eq. 8: the verified prefix stays verified; only the re-predicted suffix counts
+                valid = kept + int(slot_ok[kept:].long().cumprod(0).sum())
+                if valid == kept:  # no progress: take the drafter's own AR choice past the prefix
+                    valid = kept + 1
+                    work.drafts[i][kept] = targets[i][kept]
                 work.valid[i] = valid
                 if valid == len(work.drafts[i]):
                     done.append(i)

@@ -2,9 +2,10 @@
 
 ar: baseline AR. mdm: LLaDA low-confidence remasking (004 §3.1.1). threshold: Fast-dLLM (001 §2.2, §4.1).
 credit: 001 B.2 (beta, gamma, alpha are ours: 001 fixes only their ranges). hierarchical: 001 B.1, App. D.
-guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, §6.4
-(window 16 is ours). learn2pd: 004 Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding
-and the Learn2PD filter keeping drafts as context.
+guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, window
+and distance penalty from §6.2's main setting, entropy threshold from §6.4's recommended range. learn2pd: 004
+Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding and the Learn2PD filter keeping
+drafts as context.
 """
 
 from collections.abc import Callable
@@ -241,9 +242,9 @@ class SlotParams:
 
 @dataclass(slots=True)
 class StreamingParams:
-    window: int = 16
+    window: int = 6
     entropy_threshold: float = 0.4
-    distance_penalty: float = 0.05
+    distance_penalty: float = 0.1
 
     def __post_init__(self):
         check_positive("window", self.window)

@@ -181,3 +181,34 @@ def test_decode_scenario_covers_block_changes_and_uneven_caches(tiny_zoo):
     assert all(state.block_start > 0 for state in states)  # every request entered a new block
     assert len({cache_len(state.kv) for state in states}) > 3  # past caches of many lengths: padding in the batch
     assert any(state.frozen > 0 for state, spec in zip(states, specs, strict=True) if spec.cache == "freecache")
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_forward_in_a_new_block_matches_full_forward(tiny_zoo, cache):
+    """Fast-dLLM refreshes the cache at every block: block 2 never attends to KV computed while block 1 was masked.
+    (FreeCache keeps earlier blocks' KV frozen by design, so it is not exact here.)"""
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    full, cached = serial(loaded, "none"), serial(loaded, cache)
+    req = Request("r", [5, 9, 11, 7], 24, loaded.mask_id, loaded.eos_id)
+    cached.propose(req, Region(0, 8))
+    req.decide(torch.arange(8), torch.arange(30, 38))
+    for _ in range(2):
+        torch.testing.assert_close(
+            cached.propose(req, Region(8, 16)).logits, full.propose(req, Region(8, 16)).logits, atol=1e-4, rtol=0
+        )
+
+
+def test_no_cache_mode_keeps_no_kv(tiny_zoo):
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    drafter = serial(loaded, "none")
+    req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
+    first = drafter.propose(req, Region(0, 8)).logits
+    assert drafter.host.held()["r"] == 0
+    torch.testing.assert_close(drafter.propose(req, Region(0, 8)).logits, first)
+    drafter.host.release(["r"])
+    assert "r" not in drafter.host.held()
+
+
+def test_smoothing_weight_grows_to_its_cap():
+    smoothing = Smoothing()
+    assert [round(smoothing.alpha(step), 6) for step in (0, 1, 2, 4, 10)] == [0.1, 0.15, 0.2, 0.3, 0.3]

@@ -2,9 +2,9 @@
 
 import torch
 
-from services.common.proposal import Region, propose_from_logits
+from services.common.proposal import Decision, Region, propose_from_logits
 from services.common.request import Request
-from services.orchestrator.commit import Commit
+from services.orchestrator.commit import Commit, runs
 from services.orchestrator.gate import Threshold
 from services.orchestrator.loop import Rounds, one_round, run
 from services.orchestrator.strategies import Stages
@@ -57,3 +57,38 @@ def test_decided_token_never_changes():
     except AssertionError:
         return
     raise AssertionError("re-deciding a position must fail")
+
+
+def test_slot_order_commits_slots_ahead_of_the_frontier_and_streams_them_as_spans():
+    req = Request("r", [3, 4], 8, MASK, EOS)
+    event = Commit("block", 8, order="slot")(req, Decision(torch.tensor([4, 5, 6]), torch.tensor([20, 21, 22])))
+    assert req.order == [4, 5, 6] and event.ids == [] and event.spans == [(4, [20, 21, 22])]
+    assert req.stats.first_commit_s is None  # nothing contiguous yet
+    event = Commit("block", 8, order="slot")(req, Decision(torch.tensor([0, 1]), torch.tensor([10, 11])))
+    assert req.order == [4, 5, 6, 0, 1] and event.ids == [10, 11] and event.spans == []
+    assert req.stats.first_commit_s is not None
+    prefix = Request("r", [3, 4], 8, MASK, EOS)
+    Commit("block", 8)(prefix, Decision(torch.tensor([4, 5, 6]), torch.tensor([20, 21, 22])))
+    assert prefix.order == []  # prefix order: only the contiguous decided prefix enters the cache
+
+
+def test_spans_past_an_eos_are_not_streamed():
+    req = Request("r", [3, 4], 8, MASK, EOS)
+    event = Commit("block", 8, order="slot")(req, Decision(torch.tensor([2, 3, 4, 6]), torch.tensor([20, EOS, 22, 23])))
+    assert req.horizon == 4 and event.spans == [(2, [20, EOS])]
+    event = Commit("block", 8, order="slot")(req, Decision(torch.tensor([0, 1]), torch.tensor([10, 11])))
+    assert event.finish_reason == "eos" and event.ids == [10, 11, 20, EOS]
+
+
+def test_runs_split_sorted_positions():
+    assert [r.tolist() for r in runs(torch.tensor([0, 1, 2, 5, 6, 9]))] == [[0, 1, 2], [5, 6], [9]]
+    assert runs(torch.empty(0, dtype=torch.long)) == []
+
+
+def test_commit_rejects_unknown_regions_and_orders():
+    for region, order in (("ring", "prefix"), ("block", "random")):
+        try:
+            Commit(region, 4, order)
+        except ValueError:
+            continue
+        raise AssertionError(f"Commit({region!r}, order={order!r}) must fail")

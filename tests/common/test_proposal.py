@@ -1,0 +1,33 @@
+"""Proposals from logits: no model may choose the mask token, and confidences and entropies are the distribution's."""
+
+import math
+
+import torch
+
+from services.common.proposal import never_mask, propose_from_logits
+from services.common.sampling import SamplingParams
+
+
+def test_never_mask_bans_the_mask_token_even_at_id_zero():
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    assert never_mask(logits, 0)[0].tolist() == [float("-inf"), 1.0, 0.0]
+    assert never_mask(logits, -1).equal(logits)  # a model without a mask token
+
+
+def test_proposal_confidence_and_entropy():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 9.0], [math.log(3), 0.0, 0.0, 0.0]])
+    prop = propose_from_logits(torch.tensor([4, 7]), logits, SamplingParams(), torch.Generator(), mask_id=3)
+    assert prop.ids.tolist() == [0, 0] and prop.positions.tolist() == [4, 7]
+    assert torch.allclose(prop.probs, torch.tensor([1 / 3, 0.6]))
+    assert torch.allclose(prop.entropy[0], torch.tensor(math.log(3)))
+
+
+def test_sampling_uses_the_requests_generator():
+    def draw(seed: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return propose_from_logits(torch.arange(64), torch.zeros(64, 50), SamplingParams(1.0), generator, -1).ids
+
+    torch.manual_seed(0)
+    first = draw(1)
+    torch.manual_seed(1)  # the global generator plays no part
+    assert draw(1).equal(first) and not draw(2).equal(first)

@@ -1,0 +1,150 @@
+"""Scripted test models: language models whose output distributions the test writes, position by position.
+
+A script maps a generation position to log-probabilities [V]. Every output of a forward is the script's row for
+the position that output predicts, under the engine's conventions:
+  causal drafter         a mask predicts its own position, a clean token the next one (services/dlm_drafter/causal.py)
+  bidirectional drafter  every output predicts its own position (logits_shift 0, bidirectional.py)
+  AR model / guider      every output predicts the next position (services/ar_guider/guider.py)
+Positions the script does not name get a uniform row. The model appends dummy K/V to the DynamicCache it is given,
+one entry per input token, so the engine's cache lengths and truncations work as on a real model.
+"""
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from services.common.config import EngineConfig
+from services.common.models import LoadedModel, ModelMeta
+from services.filter.host import FilterHost
+from services.orchestrator.engine import Engine
+from services.orchestrator.pool import ModelPool
+
+VOCAB, EOS, MASK = 32, 0, 1  # token ids 2 .. VOCAB - 1 are plain tokens
+MAX_FORWARDS = 200  # a decode that does not end fails its test instead of hanging it
+
+
+def row(masses: Mapping[int, float], vocab: int = VOCAB, mask_id: int = MASK) -> torch.Tensor:
+    """Log-probabilities [V]: the given token -> probability masses, the rest spread evenly over every other token
+    but the mask. row({}) is uniform (high entropy); row({7: 0.99}) is a confident 7."""
+    probs = torch.zeros(vocab)
+    others = torch.ones(vocab, dtype=torch.bool)
+    others[mask_id] = False
+    for token, p in masses.items():
+        probs[token], others[token] = p, False
+    probs[others] = (1 - sum(masses.values())) / int(others.sum())
+    return probs.log()
+
+
+def confident(tokens: list[int], p: float = 0.99) -> dict[int, torch.Tensor]:
+    """A script where generation position i is tokens[i] at probability p."""
+    return {i: row({t: p}) for i, t in enumerate(tokens)}
+
+
+class ScriptedLM(nn.Module):
+    """Drop-in for a transformers causal LM as the engine calls it: base_model(input_ids or inputs_embeds,
+    position_ids, a DynamicCache, use_cache) -> last hidden states, which are the scripted logits, and an identity
+    vocabulary head; .config, .device, .dtype, get_input_embeddings()."""
+
+    def __init__(self, script: Mapping[int, torch.Tensor], prompt_len: int, bidirectional: bool = False):
+        super().__init__()
+        self.prompt_len, self.bidirectional = prompt_len, bidirectional
+        size = max(script, default=-1) + 1
+        table = torch.full((size + 1, VOCAB), -torch.log(torch.tensor(float(VOCAB))))  # last row: unscripted
+        for position, logprobs in script.items():
+            table[position] = logprobs
+        self.table = table
+        # one-hot embeddings: inputs_embeds.argmax(-1) gives the ids back, also under iteration smoothing's mix-in
+        self.embed = nn.Embedding(VOCAB, VOCAB, _weight=torch.eye(VOCAB))
+        self.embed.weight.requires_grad_(False)
+        self.config = SimpleNamespace(
+            num_hidden_layers=1,
+            num_key_value_heads=1,
+            num_attention_heads=1,
+            head_dim=1,
+            hidden_size=VOCAB,
+            vocab_size=VOCAB,
+            is_causal=not bidirectional,
+        )
+        self.inputs: list[int] = []  # tokens through the model, per forward
+        self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    @property
+    def base_model(self) -> "ScriptedLM":
+        """The decoder whose last hidden states are the scripted logits (hidden size = vocabulary)."""
+        return self
+
+    def get_output_embeddings(self) -> nn.Module:
+        return nn.Identity()
+
+    def forward(
+        self,
+        input_ids=None,
+        inputs_embeds=None,
+        position_ids=None,
+        attention_mask=None,
+        past_key_values=None,
+        use_cache=True,
+        **_,
+    ):
+        ids = input_ids if input_ids is not None else inputs_embeds.argmax(-1)  # [B, Q]
+        self.inputs.append(ids.shape[-1])
+        self.calls.append((ids, attention_mask))
+        assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
+        if past_key_values is not None:
+            dummy = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
+            for layer in range(self.config.num_hidden_layers):
+                past_key_values.update(dummy, dummy, layer)
+        target = position_ids - self.prompt_len  # [B, Q] generation position of each input
+        if not self.bidirectional:
+            target = target + (ids != MASK).long()
+        unscripted = len(self.table) - 1
+        target = torch.where((target >= 0) & (target < unscripted), target, unscripted)
+        logits = self.table[target]
+        return BaseModelOutputWithPast(last_hidden_state=logits, past_key_values=past_key_values)
+
+
+class ScriptedTokenizer:
+    """What the engine asks of a tokenizer: its size, the special ids, decoding."""
+
+    chat_template = None
+    eos_token_id, mask_token_id = EOS, MASK
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(str(i) for i in ids if not (skip_special_tokens and i in (EOS, MASK)))
+
+
+ROLES_BIDIRECTIONAL = {"drafter_bidirectional"}
+
+
+def scripted_engine(models: dict[str, ScriptedLM], max_new_tokens: int, filter_model=None) -> Engine:
+    """An in-process engine whose model pool holds the scripted models by role (drafter, drafter_bidirectional,
+    guider, ar) and, when given, a filter (anything with the Learn2PD filter's accept_probs_batch and config)."""
+    roles = [*models, *(["filter"] if filter_model is not None else [])]
+    config = EngineConfig(models={role: f"scripted/{role}" for role in roles}, max_new_tokens=max_new_tokens)
+    pool = ModelPool(config)
+    for role, model in models.items():
+        meta = ModelMeta(f"scripted/{role}", ScriptedTokenizer(), MASK, EOS, 512, role in ROLES_BIDIRECTIONAL)
+        pool.loaded[role] = LoadedModel(model, meta)
+    if filter_model is not None:
+        pool.hosts["filter"] = FilterHost(filter_model)
+    return Engine(config, pool)
