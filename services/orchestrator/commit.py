@@ -53,7 +53,8 @@ class Commit:
 
 def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> None:
     for i, pos in enumerate(positions.tolist()):
-        top = [(t, lp) for t, lp in zip(logprobs.top_ids[i].tolist(), logprobs.top_logprobs[i].tolist()) if t >= 0]
+        alternatives = zip(logprobs.top_ids[i].tolist(), logprobs.top_logprobs[i].tolist(), strict=True)
+        top = [(t, lp) for t, lp in alternatives if t >= 0]
         req.logprobs[pos] = TokenLogprob(float(logprobs.chosen[i]), top, logprobs.verified)
 
 

@@ -162,7 +162,8 @@ class SlotGate:
         if verdict.logprobs is not None:
             slots = verdict.logprobs.take(slice(None))
             # a draft replaced by the drafter's own choice (no progress) has that choice's probability
-            slots.chosen = torch.where(torch.cat(work.drafts) == verdict.draft, slots.chosen, verdict.target_probs.log())
+            kept = torch.cat(work.drafts) == verdict.draft
+            slots.chosen = torch.where(kept, slots.chosen, verdict.target_probs.log())
             offsets = [0, *torch.tensor([len(d) for d in work.drafts]).cumsum(0).tolist()]
             decision.logprobs = TokenLogprobs.cat([slots.take(slice(offsets[i], offsets[i + 1])) for i in done])
         keep = [i for i in range(len(work.starts)) if i not in done]
