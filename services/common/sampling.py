@@ -1,5 +1,6 @@
 """Sampling parameters and token choice: greedy by default, temperature / top-k / top-p, deterministic per seed."""
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def fresh_seed() -> int:
+    """A seed for a request that set none; 53 bits, so that JSON clients read it back exactly."""
+    return secrets.randbits(53)
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
