@@ -13,6 +13,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 50051
+    http_port: int = 8000  # the Serve HTTP proxy: the OpenAI-compatible API on host:http_port/v1
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap

@@ -1,5 +1,6 @@
 """The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
-the engine over their handles and serves gRPC. `serve deploy` takes `services.orchestrator.app:build_app`."""
+the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Serve proxy (its ingress).
+`serve deploy` takes `services.orchestrator.app:build_app`."""
 
 from dataclasses import asdict
 
@@ -13,12 +14,14 @@ from services.filter.deployment import FilterDeployment
 from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.async_engine import AsyncEngine
 from services.orchestrator.backend import EngineBackend
+from services.orchestrator.openai_api import api, attach
 from services.orchestrator.remote import RemoteHosts
-from services.orchestrator.server import Server
+from services.orchestrator.server import Limits, Server
 from services.serving.indexes import make_index
 
 
 @serve.deployment(name="orchestrator", num_replicas=1)
+@serve.ingress(api)
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
@@ -30,7 +33,9 @@ class Orchestrator:
         admission = IndexAdmission(self.index, replicas, serving.kv_budget_tokens, serving.request_ttl_s)
         engines = [AsyncEngine(cfg, self.hosts, admission) for _ in range(serving.micro_batches)]
         self.backend = EngineBackend(*engines)
-        self.server = Server(self.backend)
+        limits = Limits()
+        attach(self.backend, limits)
+        self.server = Server(self.backend, limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
 
     def address(self) -> str:
