@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from services.cli.train_cli import register as register_training
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.common.params import STATS_KEYS, parse_sets
+from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets
 from services.common.sampling import SamplingParams
 from services.orchestrator.strategies import STRATEGIES
 from services.training.tasks import FAMILIES
@@ -25,10 +25,13 @@ def cmd_generate(args) -> int:
 
         return generate_remote(args)
     engine = engine_from(args)
-    sampling = SamplingParams(args.temperature, args.top_p, args.seed)
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed, logprobs=args.logprobs)
     params = parse_sets(args.set)
+    logprobs = []
 
     def show(event):
+        for token_id, lp in zip(event.ids, event.logprobs, strict=args.logprobs is not None):
+            logprobs.append(logprob_entry(token_id, lp.logprob, lp.top, lp.verified))
         if not args.json:
             print(engine.decode_text(event.ids), end="", flush=True)
 
@@ -43,14 +46,21 @@ def cmd_generate(args) -> int:
                     "finish_reason": result.finish_reason,
                     "stats": stats,
                 }
+                | ({"logprobs": logprobs} if args.logprobs is not None else {})
             )
         )
     else:
         print()
+        if args.logprobs is not None:
+            print(format_logprobs(logprobs))
     return 0
 
 
 def cmd_bench(args) -> int:
+    if args.target and args.target.startswith(("http://", "https://")):
+        from services.cli.openai_bench import bench_openai
+
+        return bench_openai(args)
     if args.target:
         from services.cli.remote_cli import bench_remote
 
@@ -138,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument(
+        "--logprobs", type=int, default=None, metavar="N", help="each token's logprob and its N top alternatives"
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
     gen.set_defaults(func=cmd_generate)
@@ -146,7 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
-    ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
+    ben.add_argument(
+        "--target",
+        default=None,
+        metavar="HOST:PORT",
+        help="measure a running server over gRPC; http://HOST:PORT: its OpenAI API (TTFT, TPOT, tok/s)",
+    )
     ben.add_argument(
         "--concurrency",
         default=None,

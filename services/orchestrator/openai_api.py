@@ -38,9 +38,20 @@ class APIError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
 
+class Served:
+    """What the routes serve. Module state rather than `api.state`: Serve runs a pickled copy of `api` on the
+    replica, while this module (and so each route's globals) is imported there by name."""
+
+    backend: EngineBackend
+    limits: Limits
+
+
+served = Served()
+
+
 def attach(backend: EngineBackend, limits: Limits) -> None:
     """Serve this backend (the replica's, shared with its gRPC server)."""
-    api.state.backend, api.state.limits = backend, limits
+    served.backend, served.limits = backend, limits
 
 
 @api.exception_handler(APIError)
@@ -56,22 +67,22 @@ async def invalid_body(request: Request, e: RequestValidationError) -> JSONRespo
     return JSONResponse(error(message, "invalid_request_error", param), status_code=400)
 
 
-def backend_of(request: Request) -> EngineBackend:
-    backend = request.app.state.backend
+def ready_backend() -> EngineBackend:
+    backend = served.backend
     if not backend.ready:
         raise APIError(503, "models are still loading", kind="unavailable_error")
     return backend
 
 
 @api.get("/health")
-async def health(request: Request) -> dict:
-    backend_of(request)
+async def health() -> dict:
+    ready_backend()
     return {"status": "ok"}
 
 
 @api.get("/v1/models")
-async def models(request: Request) -> dict:
-    backend = request.app.state.backend
+async def models() -> dict:
+    backend = served.backend
     info = backend.model_info()
     model = {"id": MODEL_ID, "object": "model", "created": now(), "owned_by": "dlm-pipeline"}
     model |= {"max_model_len": info.max_context, "dlm_strategies": sorted(STRATEGIES), "ready": backend.ready}
@@ -79,11 +90,11 @@ async def models(request: Request) -> dict:
 
 
 @api.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request):
-    backend = backend_of(request)
+async def completions(body: CompletionRequest):
+    backend = ready_backend()
     tokenizer = backend.engine.tokenizer
     prompt = body.prompt if isinstance(body.prompt, list) else tokenizer.encode(body.prompt, add_special_tokens=False)
-    job = await open_job(backend, request.app.state.limits, body, prompt, body.logprobs, body.max_tokens, "cmpl")
+    job = await open_job(backend, served.limits, body, prompt, body.logprobs, body.max_tokens, "cmpl")
     deltas = Deltas(job, backend.decode_text, body.stops(), frozenset(body.stop_token_ids))
     render = CompletionRender(backend, job, body)
     if body.stream:
@@ -92,12 +103,12 @@ async def completions(body: CompletionRequest, request: Request):
 
 
 @api.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    backend = backend_of(request)
+async def chat_completions(body: ChatCompletionRequest):
+    backend = ready_backend()
     prompt = backend.engine.encode_chat([m.model_dump() for m in body.messages])
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens
-    job = await open_job(backend, request.app.state.limits, body, prompt, top_n, max_tokens, "chatcmpl")
+    job = await open_job(backend, served.limits, body, prompt, top_n, max_tokens, "chatcmpl")
     deltas = Deltas(job, backend.decode_text, body.stops(), frozenset(body.stop_token_ids))
     render = ChatRender(backend, job, body)
     if body.stream:
