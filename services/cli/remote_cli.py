@@ -30,7 +30,7 @@ def generate_remote(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop=getattr(args, "stop", None) or (),
-        logprobs=args.logprobs,
+        logprobs=getattr(args, "logprobs", None),
     )
     text, ids, logprobs, done = [], [], [], None
     try:
@@ -60,10 +60,10 @@ def generate_remote(args) -> int:
             "finish_reason": FINISH_NAMES[done.finish_reason],
             "stats": {k: stats[k] for k in STATS_KEYS},
         }
-        print(json.dumps(out | ({"logprobs": logprobs} if args.logprobs is not None else {})))
+        print(json.dumps(out | ({"logprobs": logprobs} if kwargs["logprobs"] is not None else {})))
     else:
         print()
-        if args.logprobs is not None:
+        if kwargs["logprobs"] is not None:
             print(format_logprobs(logprobs))
     return 0
 
