@@ -129,6 +129,21 @@ def test_unknown_model_is_404_and_models_lists_ours(service):
     assert [m.id for m in client.models.list()] == ["dlm"]
 
 
+def test_completion_stream_is_sse_ending_with_done(service):
+    _, base, *_ = service
+    body = {"model": "dlm", "prompt": PROMPT, "max_tokens": 6, "stream": True, "temperature": 0}
+    req = urllib.request.Request(
+        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as reply:
+        assert reply.headers["Content-Type"].startswith("text/event-stream")
+        events = reply.read().decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(c["object"] == "text_completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and chunks[-1]["seed"] >= 0
+
+
 def test_unset_seeds_differ_and_each_returned_seed_reproduces_its_text(service):
     client, _, grpc_client, *_ = service
     ar = {"strategy": "ar", "dlm_params": {"model": "ar"}}
@@ -140,9 +155,12 @@ def test_unset_seeds_differ_and_each_returned_seed_reproduces_its_text(service):
         again = chat(client, OPEN_ENDED, max_tokens=16, temperature=1.0, seed=seed, extra_body=ar)
         assert again.choices[0].message.content == text
     unary = grpc_client.generate(OPEN_ENDED, strategy="ar", params={"model": "ar"}, max_new_tokens=16, temperature=1.0)
-    assert grpc_client.generate(
-        OPEN_ENDED, strategy="ar", params={"model": "ar"}, max_new_tokens=16, temperature=1.0, seed=unary.seed
-    ).text == unary.text
+    assert (
+        grpc_client.generate(
+            OPEN_ENDED, strategy="ar", params={"model": "ar"}, max_new_tokens=16, temperature=1.0, seed=unary.seed
+        ).text
+        == unary.text
+    )
 
 
 @pytest.mark.parametrize("prompt", ["add 366+558=", PROMPT])
