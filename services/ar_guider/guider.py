@@ -14,7 +14,7 @@ from services.common.batch import Item, forward
 from services.common.kv import truncate
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import Verdict, never_mask
+from services.common.proposal import Verdict, never_mask, token_logprobs
 from services.common.request import Request
 
 
@@ -61,15 +61,21 @@ class Guider:
         """calls: (req, start, draft [M], top_k) -> the guider's verdict on each draft, in one forward."""
         logits = self.forward_batch([call[:3] for call in calls])
         return [
-            verdict(start, draft, out[: len(draft)], top_k)
-            for (_, start, draft, top_k), out in zip(calls, logits, strict=True)
+            verdict(start, draft, out[: len(draft)], top_k, req.sampling.logprobs)
+            for (req, start, draft, top_k), out in zip(calls, logits, strict=True)
         ]
 
 
-def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int) -> Verdict:
-    """logits [M, V] predicting each draft position -> the guider's verdict on draft [M]."""
+def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int, top_n: int | None) -> Verdict:
+    """logits [M, V] predicting each draft position -> the guider's verdict on draft [M]; with top_n, the logprobs
+    of the drafts and of the guider's own choices (top_n alternatives each), not the whole distribution."""
     probs = torch.softmax(logits, -1).cpu()
     target_probs, target = probs.max(-1)
     draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
     positions = torch.arange(start, start + len(draft))
-    return Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)
+    out = Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)
+    if top_n is not None:
+        logp = torch.log_softmax(logits.float(), -1)
+        out.logprobs = token_logprobs(logp, draft, top_n, verified=True)
+        out.target_logprobs = logp.max(-1).values.cpu()
+    return out

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from services.cli.train_cli import register as register_training
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.common.params import STATS_KEYS, parse_sets, stats_line
+from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
 from services.common.sampling import SamplingParams
 from services.orchestrator.strategies import STRATEGIES
 from services.training.tasks import FAMILIES
@@ -41,12 +41,17 @@ def cmd_generate(args) -> int:
     from services.orchestrator.detok import TextStream, detokenizer
 
     engine = engine_from(args)
-    req = engine.request(args.prompt, args.max_new_tokens, SamplingParams(args.temperature, args.top_p, args.seed))
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed, logprobs=args.logprobs)
+    req = engine.request(args.prompt, args.max_new_tokens, sampling)
     seq = engine.add(req, args.strategy, parse_sets(args.set))
     trace = recording(seq) if args.trace_png or args.trace_json else None
     text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
+    logprobs = []
     with closing(engine.events(req)) as events:  # closing cancels at a stop
         for event in events:
+            if args.logprobs is not None:
+                pairs = zip(event.ids, event.logprobs, strict=True)
+                logprobs += [logprob_entry(t, lp.logprob, lp.top, lp.verified) for t, lp in pairs]
             show(args, text.push(event.ids)[0])
             if text.stopped:
                 break
@@ -54,6 +59,7 @@ def cmd_generate(args) -> int:
     if trace is not None:
         write_trace(trace, args, req, engine)
     stats = req.stats.to_dict()
+    logprobs = logprobs[: text.sent_ids]  # the tokens the text shows, up to the one that completed a stop string
     if args.json:
         from services.serving.wire import FINISH, FINISH_NAMES
 
@@ -65,9 +71,11 @@ def cmd_generate(args) -> int:
             "seed": args.seed,
             "stats": {k: stats[k] for k in STATS_KEYS},
         }
-        print(json.dumps(out))
+        print(json.dumps(out | ({"logprobs": logprobs} if args.logprobs is not None else {})))
     else:
         print()
+        if args.logprobs is not None:
+            print(format_logprobs(logprobs))
     if args.stats:
         print(stats_line(stats), file=sys.stderr)
     return 0
@@ -101,6 +109,10 @@ def write_trace(trace, args, req, engine) -> None:
 
 
 def cmd_bench(args) -> int:
+    if args.target and args.target.startswith(("http://", "https://")):
+        from services.cli.openai_bench import bench_openai
+
+        return bench_openai(args)
     if args.target:
         from services.cli.remote_cli import bench_remote
 
@@ -200,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true", help="a one-line summary after the text (stderr)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument(
+        "--logprobs", type=int, default=None, metavar="N", help="each token's logprob and its N top alternatives"
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
     gen.add_argument("--trace-png", default=None, metavar="FILE", help="draw the decoding: positions against rounds")
@@ -211,7 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--max-new-tokens", type=int, default=64)
     ben.add_argument("--json", default=None, metavar="FILE")
     ben.add_argument("--plot", default=None, metavar="FILE", help="PNG: tokens/s against TPF, or against concurrency")
-    ben.add_argument("--target", default=None, metavar="HOST:PORT", help="measure a running server over gRPC")
+    ben.add_argument(
+        "--target",
+        default=None,
+        metavar="HOST:PORT",
+        help="measure a running server over gRPC; http://HOST:PORT: its OpenAI API (TTFT, TPOT, tok/s)",
+    )
     ben.add_argument(
         "--concurrency",
         default=None,

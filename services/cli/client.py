@@ -36,17 +36,23 @@ class DlmClient:
         max_new_tokens: int | None = None,
         temperature: float = 0.0,
         top_p: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
+        top_k: int = 0,
         stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        logprobs: int | None = None,
         trace: bool = False,
         request_id: str = "",
     ):
-        """A GenerateRequest; params values may be strings (KEY=VALUE from a command line)."""
+        """A GenerateRequest; params values may be strings (KEY=VALUE from a command line). seed None: the server
+        picks one and returns it; logprobs N: each token's logprob and its N most likely alternatives."""
         req = pb.GenerateRequest(
             request_id=request_id,
             strategy=strategy or "",
-            sampling=pb.SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
+            sampling=pb.SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=top_k),
             stop=list(stop),
+            stop_token_ids=list(stop_token_ids),
+            logprobs=logprobs,
             trace=trace,
         )
         if isinstance(prompt, str):
@@ -73,6 +79,10 @@ class DlmClient:
                 yield getattr(message, message.WhichOneof("event"))
         finally:
             call.cancel()  # a no-op once the stream completed
+
+    def abort(self, request_id: str) -> bool:
+        """End a live request (its stream completes as cancelled); False when it was not live."""
+        return self.stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.timeout).found
 
     def strategies(self) -> dict[str, dict[str, Any]]:
         """name -> the parameters the server uses when a request sets none."""

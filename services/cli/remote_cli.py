@@ -11,7 +11,7 @@ import grpc
 from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
 from services.common.params import BENCH_PROMPTS as PROMPTS
-from services.common.params import STATS_KEYS, parse_sets, stats_line
+from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 
@@ -30,14 +30,19 @@ def generate_remote(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop=args.stop,
+        logprobs=getattr(args, "logprobs", None),
     )
-    text, ids, done = [], [], None
+    text, ids, logprobs, done = [], [], [], None
     try:
         with DlmClient(args.target) as client:
             for event in client.stream(args.prompt, **kwargs):
                 if isinstance(event, pb.Chunk):
                     text.append(event.text)
                     ids.extend(event.token_ids)
+                    logprobs.extend(
+                        logprob_entry(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top], lp.verified)
+                        for lp in event.logprobs
+                    )
                     if not args.json:
                         print(event.text, end="", flush=True)
                 elif isinstance(event, pb.Complete):
@@ -56,9 +61,11 @@ def generate_remote(args) -> int:
             "seed": args.seed,
             "stats": {k: stats[k] for k in STATS_KEYS},
         }
-        print(json.dumps(out))
+        print(json.dumps(out | ({"logprobs": logprobs} if kwargs["logprobs"] is not None else {})))
     else:
         print()
+        if kwargs["logprobs"] is not None:
+            print(format_logprobs(logprobs))
     if args.stats:
         print(stats_line(stats_dict(done.stats)), file=sys.stderr)
     return 0

@@ -21,6 +21,7 @@ class Limits:
     max_stop_sequences: int = 8
     max_stop_length: int = 64
     max_request_id_length: int = 128
+    max_logprobs: int = 20  # top alternatives a request may ask per token
 
     def __post_init__(self):
         if min(asdict(self).values()) < 1:
@@ -31,6 +32,7 @@ class Limits:
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 50051
+    http_port: int = 8000  # the Serve HTTP proxy: the OpenAI-compatible API on host:http_port/v1
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap

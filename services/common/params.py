@@ -35,6 +35,21 @@ BENCH_PROMPTS = [
 ]
 
 
+def logprob_entry(token_id: int, logprob: float, top: list[tuple[int, float]], verified: bool) -> dict[str, Any]:
+    """One token of `generate --logprobs N --json`, in process or over gRPC."""
+    return {"token_id": token_id, "logprob": logprob, "top": [list(t) for t in top], "verified": verified}
+
+
+def format_logprobs(entries: list[dict[str, Any]]) -> str:
+    """A line per token: id, logprob, the model whose distribution decided it, the alternatives."""
+    lines = [f"logprobs (sum {sum(e['logprob'] for e in entries):.4f}):"]
+    for e in entries:
+        top = " ".join(f"{t}:{lp:.3f}" for t, lp in e["top"])
+        model = "guider" if e["verified"] else "drafter"
+        lines.append(f"  {e['token_id']:>6} {e['logprob']:9.4f} {model:7} {top}")
+    return "\n".join(lines)
+
+
 def parse_sets(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:

@@ -14,12 +14,52 @@ class Region:
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """Logprobs of chosen tokens under the distribution that decided them (raw model logits, before temperature),
+    recorded only when a request asks (SamplingParams.logprobs = N)."""
+
+    chosen: torch.Tensor  # [A] logprob of each chosen token
+    top_ids: torch.Tensor  # [A, N] the N most likely tokens; -1 where that distribution was not kept
+    top_logprobs: torch.Tensor  # [A, N]
+    verified: bool  # the guider's distribution (else the drafter's)
+
+    def take(self, index: torch.Tensor | slice) -> "TokenLogprobs":
+        return TokenLogprobs(self.chosen[index], self.top_ids[index], self.top_logprobs[index], self.verified)
+
+    @staticmethod
+    def cat(parts: list["TokenLogprobs"]) -> "TokenLogprobs":
+        return TokenLogprobs(
+            torch.cat([p.chosen for p in parts]),
+            torch.cat([p.top_ids for p in parts]),
+            torch.cat([p.top_logprobs for p in parts]),
+            parts[0].verified,
+        )
+
+
+def token_logprobs(logp: torch.Tensor, ids: torch.Tensor, n: int, verified: bool) -> TokenLogprobs:
+    """log-softmaxed logits [A, V] and chosen ids [A] -> their logprobs and the top n alternatives."""
+    top = logp.topk(min(n, logp.shape[-1]), -1)
+    chosen = logp.gather(-1, ids.to(logp.device)[:, None]).squeeze(-1)
+    return TokenLogprobs(chosen.cpu(), top.indices.cpu(), top.values.cpu(), verified)
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One committed token's logprob, as a response reports it."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+    verified: bool
+
+
+@dataclass(slots=True)
 class Proposal:
     positions: torch.Tensor  # [N] generation positions that were masked
     ids: torch.Tensor  # [N] chosen tokens
     probs: torch.Tensor  # [N] probability of the chosen token (confidence)
     entropy: torch.Tensor  # [N]
     logits: torch.Tensor | None  # [N, V]; None where it crossed a hop without a gate that needs it
+    logprobs: TokenLogprobs | None = None  # the drafter's, when the request asks
 
 
 @dataclass(slots=True)
@@ -31,6 +71,8 @@ class Verdict:
     draft_probs: torch.Tensor  # [M] verifier's probability of each draft token
     target_probs: torch.Tensor  # [M] verifier's probability of its argmax
     filter_scores: torch.Tensor | None = None  # [N] Learn2PD scores of the proposal, fetched alongside
+    logprobs: TokenLogprobs | None = None  # [M] of the drafts, when the request asks
+    target_logprobs: torch.Tensor | None = None  # [M] of the verifier's argmax, when the request asks
 
 
 @dataclass(slots=True)
@@ -39,6 +81,7 @@ class Decision:
     ids: torch.Tensor  # [A]
     fill_positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     fill_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))  # tentative drafts
+    logprobs: TokenLogprobs | None = None  # [A], when the request asks
 
 
 def never_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -56,7 +99,9 @@ def propose_from_logits(
     logp = torch.log_softmax(logits, -1)
     probs = logp.gather(-1, ids[:, None]).squeeze(-1).exp()
     entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
-    return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu())
+    top_n = sampling.logprobs
+    logprobs = token_logprobs(logp, ids, top_n, verified=False) if top_n is not None else None
+    return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu(), logprobs)
 
 
 @dataclass(slots=True)
@@ -66,3 +111,4 @@ class Committed:
     ids: list[int]  # tokens that extended the committed contiguous prefix
     spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed out of logical order
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per id, when the request asks

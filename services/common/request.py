@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams
 from services.common.stats import Stats
 
@@ -27,6 +28,7 @@ class Request:
     state: dict = field(default_factory=dict)  # strategy state (credits, slots in completion)
     stats: Stats = field(default_factory=Stats)
     generator: torch.Generator = None
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # position -> its token's, when asked
 
     def __post_init__(self):
         if self.max_new_tokens <= 0:

@@ -1,5 +1,6 @@
-"""Sampling parameters and token choice: greedy by default, temperature / top-p, deterministic per seed."""
+"""Sampling parameters and token choice: greedy by default, temperature / top-k / top-p, deterministic per seed."""
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -10,23 +11,38 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0  # 0: off
+    logprobs: int | None = None  # record each token's logprob and this many top alternatives; None: off
 
     def __post_init__(self):
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
+def fresh_seed() -> int:
+    """A seed for a request that set none; 53 bits, so that JSON clients read it back exactly."""
+    return secrets.randbits(53)
+
+
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Pick one token per row of logits [N, V] -> ids [N]."""
     if params.greedy:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / params.temperature, -1)
+    logits = logits.float()
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, -1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits / params.temperature, -1)
     if params.top_p < 1:
         sorted_probs, order = probs.sort(-1, descending=True)
         drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p

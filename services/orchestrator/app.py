@@ -1,5 +1,6 @@
 """The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
-the engine over their handles and serves gRPC. `serve deploy` takes `services.orchestrator.app:build_app`."""
+the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Serve proxy (its ingress).
+`serve deploy` takes `services.orchestrator.app:build_app`."""
 
 import asyncio
 from dataclasses import asdict
@@ -17,6 +18,7 @@ from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.async_engine import AsyncEngine
 from services.orchestrator.backend import EngineBackend
 from services.orchestrator.metrics import ServeMetrics
+from services.orchestrator.openai_api import api, attach
 from services.orchestrator.remote import RemoteHosts
 from services.orchestrator.server import Server
 from services.orchestrator.telemetry import Telemetry
@@ -26,6 +28,7 @@ HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 
 
 @serve.deployment(name="orchestrator", num_replicas=1)
+@serve.ingress(api)
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
@@ -42,7 +45,8 @@ class Orchestrator:
             for i in range(serving.micro_batches)
         ]
         self.backend = EngineBackend(*engines)
-        self.server = Server(self.backend)
+        attach(self.backend, serving.limits)
+        self.server = Server(self.backend, serving.limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
         local = "127.0.0.1" if serving.host in ("0.0.0.0", "::", "[::]") else serving.host
         self.channel = grpc.aio.insecure_channel(f"{local}:{self.port}")

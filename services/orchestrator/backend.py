@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from uuid import uuid4
 
+from services.common.proposal import TokenLogprob
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.detok import Detokenizer, detokenizer
@@ -38,6 +39,7 @@ class Event:
     ids: list[int]  # extension of the contiguous prefix
     spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed ahead of it
     elapsed_s: float
+    logprobs: list[TokenLogprob]  # one per id, when the request asked
 
 
 @dataclass(slots=True)
@@ -60,6 +62,10 @@ class Job:
         self.queue: asyncio.Queue[Output] = asyncio.Queue()
 
     @property
+    def seed(self) -> int:
+        return self.req.sampling.seed
+
+    @property
     def finish_reason(self) -> str | None:
         return self.req.finish_reason
 
@@ -75,7 +81,8 @@ class Job:
             if out.error is not None:
                 raise out.error
             if out.event.ids or out.event.spans or out.event.finish_reason is None:
-                yield Event(out.event.ids, out.event.spans, time.perf_counter() - self.req.stats.start_s)
+                elapsed = time.perf_counter() - self.req.stats.start_s
+                yield Event(out.event.ids, out.event.spans, elapsed, out.event.logprobs)
             if out.event.finish_reason is not None:
                 return
 
@@ -110,6 +117,13 @@ class EngineBackend:
         job = self.jobs[req.id] = Job(engine, req)
         self.wakes[i].set()
         return job
+
+    def abort(self, request_id: str) -> bool:
+        """End a live request as cancelled; False when it is not live."""
+        job = self.jobs.get(request_id)
+        if job is not None:
+            job.cancel()
+        return job is not None
 
     def emit(self, out: Output) -> None:
         job = self.jobs.get(out.request_id)

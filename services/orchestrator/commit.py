@@ -8,7 +8,7 @@ order   prefix  the contiguous decided prefix enters the drafter's cache (stream
 
 import torch
 
-from services.common.proposal import Committed, Decision, Region
+from services.common.proposal import Committed, Decision, Region, TokenLogprob, TokenLogprobs
 from services.common.request import Request
 
 REGIONS = ("block", "window")
@@ -29,6 +29,8 @@ class Commit:
 
     def __call__(self, req: Request, decision: Decision) -> Committed:
         req.decide(decision.positions, decision.ids)
+        if decision.logprobs is not None:
+            record(req, decision.positions, decision.logprobs)
         req.fill(decision.fill_positions, decision.fill_ids)
         frontier = req.frontier
         if self.order == "slot":
@@ -45,7 +47,15 @@ class Commit:
         if frontier == req.horizon:
             req.finish_reason = "eos" if req.tokens[frontier - 1] == req.eos_id else "length"
         req.stats.tokens = len(req.output_ids())
-        return Committed(ids, spans, req.finish_reason)
+        logprobs = [req.logprobs[p] for p in range(frontier - len(ids), frontier)] if req.logprobs else []
+        return Committed(ids, spans, req.finish_reason, logprobs)
+
+
+def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> None:
+    for i, pos in enumerate(positions.tolist()):
+        alternatives = zip(logprobs.top_ids[i].tolist(), logprobs.top_logprobs[i].tolist(), strict=True)
+        top = [(t, lp) for t, lp in alternatives if t >= 0]
+        req.logprobs[pos] = TokenLogprob(float(logprobs.chosen[i]), top, logprobs.verified)
 
 
 def runs(positions: torch.Tensor) -> list[torch.Tensor]:

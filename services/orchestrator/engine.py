@@ -72,12 +72,19 @@ class Engine:
         return self.models.meta().tokenizer
 
     def encode(self, prompt: str) -> list[int]:
+        if self.config.chat_template:
+            return self.encode_chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation in the tokenizer's chat template, ready for the assistant's turn; without a template, the
+        contents one per line."""
         tok = self.tokenizer
-        if self.config.chat_template and getattr(tok, "chat_template", None):
-            prompt = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-        return tok.encode(prompt, add_special_tokens=False)
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n".join(m["content"] for m in messages)
+        return tok.encode(text, add_special_tokens=False)
 
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from services.common.proposal import Decision, Proposal, Region, Verdict
+from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, token_logprobs
 from services.common.request import Request
 
 
@@ -13,7 +13,8 @@ def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decis
     if not accept.any():
         accept = torch.zeros_like(accept)
         accept[score.argmax()] = True
-    return Decision(proposal.positions[accept], proposal.ids[accept])
+    logprobs = proposal.logprobs.take(accept) if proposal.logprobs is not None else None
+    return Decision(proposal.positions[accept], proposal.ids[accept], logprobs=logprobs)
 
 
 def block_state(req: Request, key: str, region: Region, init):
@@ -27,7 +28,7 @@ def block_state(req: Request, key: str, region: Region, init):
 
 class AcceptAll:
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        return Decision(proposal.positions, proposal.ids)
+        return Decision(proposal.positions, proposal.ids, logprobs=proposal.logprobs)
 
 
 class TopN:
@@ -72,6 +73,9 @@ class Credit:
         fused = torch.softmax(proposal.logits + self.alpha * torch.log1p(credit[rows]), -1)
         conf, ids = fused.max(-1)
         fused_proposal = Proposal(proposal.positions, ids, conf, proposal.entropy, proposal.logits)
+        if proposal.logprobs is not None:  # the fused distribution decided
+            n = proposal.logprobs.top_ids.shape[-1]
+            fused_proposal.logprobs = token_logprobs(fused.log(), ids, n, verified=False)
         return pick(fused_proposal, conf > self.threshold, conf)
 
 
@@ -146,11 +150,21 @@ class GuiderAgreement:
             in_topk = (verdict.topk[:, : self.k] == verdict.draft[:, None]).any(-1)
             match |= in_topk & (drafter_probs > self.tau * verdict.target_probs)
         n = int(match.long().cumprod(0).sum())
-        ids = verdict.draft[:n]
+        ids, logprobs = verdict.draft[:n], verdict.logprobs
         if n < len(match) and (n == 0 or self.bonus):
-            ids, n = torch.cat([ids, verdict.target[n : n + 1]]), n + 1
-        decision = Decision(verdict.positions[:n], ids)
+            ids = torch.cat([ids, verdict.target[n : n + 1]])
+            if logprobs is not None:
+                logprobs = bonus_logprobs(logprobs, verdict.target_logprobs, n)
+            n += 1
+        decision = Decision(verdict.positions[:n], ids, logprobs=logprobs.take(slice(0, n)) if logprobs else None)
         if verdict.filter_scores is not None:
             kept = (proposal.positions > verdict.positions[n - 1]) & (verdict.filter_scores > self.keep)
             decision.fill_positions, decision.fill_ids = proposal.positions[kept], proposal.ids[kept]
         return decision
+
+
+def bonus_logprobs(drafts: TokenLogprobs, target: torch.Tensor, n: int) -> TokenLogprobs:
+    """The drafts' logprobs with position n's chosen token replaced by the verifier's argmax."""
+    chosen = drafts.chosen.clone()
+    chosen[n] = target[n]
+    return TokenLogprobs(chosen, drafts.top_ids, drafts.top_logprobs, drafts.verified)

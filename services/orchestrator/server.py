@@ -6,15 +6,17 @@ import math
 import signal
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.config import Limits
-from services.common.sampling import SamplingParams
+from services.common.proposal import TokenLogprob
+from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
-from services.orchestrator.detok import TextStream
+from services.orchestrator.deltas import Deltas
 from services.orchestrator.scheduler import ResourceExhausted
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
@@ -47,12 +49,16 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
     if not math.isfinite(sampling.temperature):
         raise ValueError(f"temperature must be finite, got {sampling.temperature}")
     top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
+    seed = sampling.seed if sampling.HasField("seed") else fresh_seed()
+    logprobs = request.logprobs if request.HasField("logprobs") else None
+    if logprobs is not None and logprobs > limits.max_logprobs:
+        raise ValueError(f"logprobs {logprobs} exceeds the server limit of {limits.max_logprobs}")
     return Spec(
         prompt,
         max_new,
         strategy,
         params,
-        SamplingParams(sampling.temperature, top_p, sampling.seed),
+        SamplingParams(sampling.temperature, top_p, seed, sampling.top_k, logprobs),
         request.request_id,
         deadline,
     )
@@ -78,43 +84,28 @@ class DlmServicer(rpc.DlmServiceServicer):
 
     async def run(self, job: Job, request, context) -> AsyncIterator:
         """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
-        text = TextStream(self.backend.detokenizer(), list(request.stop))
-        trace, rounds = [], 0
+        deltas = Deltas(job, self.backend.detokenizer(), list(request.stop), frozenset(request.stop_token_ids))
         try:
-            async for event in job.events():
-                rounds += 1
-                if request.trace:
-                    spans = sum(len(ids) for _, ids in event.spans)
-                    trace.append(
-                        pb.RoundTrace(
-                            round=rounds, prefix_tokens=len(event.ids), span_tokens=spans, elapsed_s=event.elapsed_s
-                        )
-                    )
-                if text.stopped:
-                    continue  # drain until the backend has released the request
-                delta, ids = text.push(event.ids)
-                if text.stopped:
-                    job.cancel("stop")
-                if delta or ids:
-                    yield chunk(delta, ids, text.sent_ids, rounds)
-                if event.spans and not text.stopped:
-                    spans = [pb.Span(offset=offset, token_ids=ids) for offset, ids in event.spans]
+            async for delta in deltas:
+                if delta.text or delta.ids:
+                    yield chunk(delta.text, delta.ids, delta.sent, delta.rounds, delta.logprobs)
+                if delta.spans:
+                    spans = [pb.Span(offset=offset, token_ids=ids) for offset, ids in delta.spans]
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
         except Exception as e:
             log.exception("request %s failed", job.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"decoding failed: {e}")
-        delta, ids = text.flush()
-        if delta or ids:
-            yield chunk(delta, ids, text.sent_ids, rounds)
-        reason = "stop" if text.stopped else job.finish_reason
+        reason = deltas.finish_reason
         if reason == "deadline":
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while decoding")
+        trace = [pb.RoundTrace(**asdict(row)) for row in deltas.rows] if request.trace else []
         complete = pb.Complete(
             finish_reason=FINISH.get(reason, pb.FINISH_REASON_UNSPECIFIED),
-            usage=pb.Usage(prompt_tokens=job.prompt_tokens, completion_tokens=text.sent_ids),
+            usage=pb.Usage(prompt_tokens=job.prompt_tokens, completion_tokens=deltas.sent),
             stats=stats_message(job.stats()),
             trace=trace,
             request_id=job.request_id,
+            seed=job.seed,
         )
         yield pb.GenerateStreamResponse(complete=complete)
 
@@ -134,15 +125,20 @@ class DlmServicer(rpc.DlmServiceServicer):
                 if message.HasField("chunk"):
                     out.text += message.chunk.text
                     out.token_ids.extend(message.chunk.token_ids)
+                    out.logprobs.extend(message.chunk.logprobs)
                 elif message.HasField("complete"):
                     done = message.complete
                     out.finish_reason = done.finish_reason
                     out.trace.extend(done.trace)
                     out.usage.CopyFrom(done.usage)
                     out.stats.CopyFrom(done.stats)
+                    out.seed = done.seed
         finally:
             job.cancel()
         return out
+
+    async def Abort(self, request, context):
+        return pb.AbortResponse(found=self.backend.abort(request.request_id))
 
     async def ListStrategies(self, request, context):
         infos = [
@@ -166,12 +162,20 @@ class DlmServicer(rpc.DlmServiceServicer):
                 max_new_tokens=limits.max_new_tokens,
                 max_stop_sequences=limits.max_stop_sequences,
                 max_stop_length=limits.max_stop_length,
+                max_logprobs=limits.max_logprobs,
             ),
         )
 
 
-def chunk(text: str, ids: list[int], sent: int, rounds: int):
-    return pb.GenerateStreamResponse(chunk=pb.Chunk(text=text, token_ids=ids, completion_tokens=sent, rounds=rounds))
+def chunk(text: str, ids: list[int], sent: int, rounds: int, logprobs: list[TokenLogprob]):
+    logprobs = [token_logprob(t, lp) for t, lp in zip(ids, logprobs, strict=True)] if logprobs else []
+    message = pb.Chunk(text=text, token_ids=ids, completion_tokens=sent, rounds=rounds, logprobs=logprobs)
+    return pb.GenerateStreamResponse(chunk=message)
+
+
+def token_logprob(token_id: int, lp: TokenLogprob):
+    top = [pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top]
+    return pb.TokenLogprob(token_id=token_id, logprob=lp.logprob, top=top, verified=lp.verified)
 
 
 class Server:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.calls import Call, Stage
-from services.common.proposal import Decision, Proposal, Region, Verdict, propose_from_logits
+from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, propose_from_logits
 from services.common.request import Request
 from services.orchestrator.propose import CausalPropose
 
@@ -105,7 +105,24 @@ class SlotVerify:
         firsts = torch.cat([torch.tensor([0]), torch.tensor([len(d) for d in work.drafts]).cumsum(0)[:-1]])
         draft_probs[firsts] = torch.tensor(work.first_probs)  # first tokens: Eq. 7 j = 1, from the mask forward
         target[firsts], target_probs[firsts] = draft[firsts], draft_probs[firsts]
-        return Verdict(positions, draft, target, target[:, None], draft_probs, target_probs)
+        verdict = Verdict(positions, draft, target, target[:, None], draft_probs, target_probs)
+        if req.sampling.logprobs is not None:
+            verdict.logprobs = draft_logprobs(logits, draft, draft_probs, firsts, req.sampling.logprobs)
+        return verdict
+
+
+def draft_logprobs(
+    logits: torch.Tensor, draft: torch.Tensor, draft_probs: torch.Tensor, firsts: torch.Tensor, n: int
+) -> TokenLogprobs:
+    """The drafter's logprobs of its drafts [T]: token j + 1 from the causal output at j; a slot's first token from
+    the mask forward that predicted it, whose alternatives were not kept (ids -1)."""
+    logp = torch.log_softmax(logits.float(), -1).cpu()  # [T, V]
+    top = logp.topk(min(n, logp.shape[-1]), -1)
+    top_ids = torch.full_like(top.indices, -1)
+    top_logprobs = torch.full_like(top.values, float("-inf"))
+    top_ids[1:], top_logprobs[1:] = top.indices[:-1], top.values[:-1]
+    top_ids[firsts], top_logprobs[firsts] = -1, float("-inf")
+    return TokenLogprobs(draft_probs.log(), top_ids, top_logprobs, verified=False)
 
 
 class SlotGate:
@@ -140,6 +157,13 @@ class SlotGate:
             torch.cat([torch.arange(work.starts[i], work.starts[i] + len(work.drafts[i])) for i in done]),
             torch.cat([work.drafts[i] for i in done]),
         )
+        if verdict.logprobs is not None:
+            slots = verdict.logprobs.take(slice(None))
+            # a draft replaced by the drafter's own choice (no progress) has that choice's probability
+            kept = torch.cat(work.drafts) == verdict.draft
+            slots.chosen = torch.where(kept, slots.chosen, verdict.target_probs.log())
+            offsets = [0, *torch.tensor([len(d) for d in work.drafts]).cumsum(0).tolist()]
+            decision.logprobs = TokenLogprobs.cat([slots.take(slice(offsets[i], offsets[i + 1])) for i in done])
         keep = [i for i in range(len(work.starts)) if i not in done]
         req.state["slots"] = (
             None

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from services.common.calls import Reply
-from services.common.proposal import Decision, Proposal, Verdict
+from services.common.proposal import Decision, Proposal, TokenLogprobs, Verdict
 from services.common.request import Request
 
 
@@ -66,5 +66,5 @@ def compact(cls: type) -> type:
 
 
 # what the stages send across a hop, and what the hosts send back
-for cls in (Request, Proposal, Verdict, Decision, Reply):
+for cls in (Request, Proposal, Verdict, Decision, Reply, TokenLogprobs):
     compact(cls)

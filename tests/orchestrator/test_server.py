@@ -291,6 +291,33 @@ def test_stop_sequence_cuts_text(served, engine):
     assert done.usage.completion_tokens == len(ids)
 
 
+def test_stop_token_id_ends_the_output_after_it(served, engine):
+    kwargs = dict(strategy="ar", params={"model": "guider"}, max_new_tokens=16, **SAMPLING)
+    full = engine.generate(PROMPT, "ar", {"model": "guider"}, 16, SamplingParams(**SAMPLING)).token_ids
+    stop_id = full[5]
+    cut = full[: full.index(stop_id) + 1]
+    unary = served.client.generate(PROMPT, **kwargs, stop_token_ids=[stop_id])
+    assert list(unary.token_ids) == cut and unary.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
+    assert unary.text == engine.decode_text(cut) and unary.usage.completion_tokens == len(cut)
+
+
+def test_unset_seed_is_fresh_and_returned(served):
+    kwargs = dict(strategy="ar", params={"model": "guider"}, max_new_tokens=16, temperature=1.0)
+    first, second = (served.client.generate(PROMPT, **kwargs) for _ in range(2))
+    assert first.seed != second.seed and first.token_ids != second.token_ids
+    again = served.client.generate(PROMPT, **kwargs, seed=first.seed)
+    assert again.token_ids == first.token_ids and again.seed == first.seed
+
+
+def test_abort_cancels_a_live_stream(served, slow):
+    stream = served.client.stream(PROMPT, strategy="streaming", max_new_tokens=64, request_id="abort-me")
+    next(stream)
+    assert served.client.abort("abort-me") and not served.client.abort("no-such-request")
+    *_, done = stream
+    assert done.finish_reason == pb.FINISH_REASON_CANCELLED
+    assert gone(served.backend, "abort-me")
+
+
 def test_list_strategies_and_model_info(served, engine):
     listed = served.client.strategies()
     assert set(listed) == set(STRATEGIES)
@@ -325,6 +352,26 @@ def cli_args(**kw) -> argparse.Namespace:
         strategy=None, set=[], max_new_tokens=None, seed=0, temperature=0.0, top_p=1.0, json=False, stop=[], stats=False
     )
     return argparse.Namespace(**{**base, **kw})
+
+
+def test_generate_logprobs_in_process_and_remote_agree(served, engine, capsys, tmp_path):
+    from services.cli.cli import main
+
+    config = tmp_path / "dlm.yaml"
+    config.write_text(json.dumps({"engine": {"models": engine.config.models}}))
+    argv = ["--config", str(config), "generate", PROMPT, "--strategy", "pipeline", "--set", "window=6"]
+    assert main([*argv, "--max-new-tokens", "10", "--logprobs", "2", "--json"]) == 0
+    local = json.loads(capsys.readouterr().out.splitlines()[-1])
+    args = cli_args(target=f"127.0.0.1:{served.port}", prompt=PROMPT, strategy="pipeline", set=["window=6"])
+    args.max_new_tokens, args.json, args.logprobs = 10, True, 2
+    assert generate_remote(args) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert [e["token_id"] for e in remote["logprobs"]] == remote["token_ids"] == local["token_ids"]
+    assert all(e["verified"] and len(e["top"]) == 2 for e in remote["logprobs"])
+    remote_lps, local_lps = (
+        [v for e in out["logprobs"] for v in (e["logprob"], *dict(e["top"]).values())] for out in (remote, local)
+    )
+    assert remote_lps == pytest.approx(local_lps, abs=1e-5)
 
 
 def test_remote_generate_json_matches_in_process(served, engine, capsys):
