@@ -1,9 +1,11 @@
-"""One padded forward over many requests, each with its own KV cache (the @serve.batch path; B = 1 in-process).
+"""One forward over many requests, each with its own KV cache: a step's batched model call.
 
 Per request i: past cache of L_i tokens, new tokens q_i, the first keep_i of which join its cache afterwards.
-Batched layout: past caches right-padded to L = max L_i, new tokens right-padded to Q = max q_i, and a 4D mask
-[B, 1, Q, L + Q] that hides padding and, where groups are given, isolates spans from each other. New tokens see
-each other causally, or both ways where the model is bidirectional (config.is_causal False, as on B = 1).
+Packed layout, without padding: one row holding every request's new tokens one after another (Q = sum q_i), after
+every request's past one after another (L = sum L_i), and a 4D mask [1, 1, Q, L + Q] that lets each request's
+tokens see only its own past and its own new tokens. The linear layers, most of the work, then run on sum q_i
+tokens, not B * max q_i. New tokens see each other causally, or both ways where the model is bidirectional
+(config.is_causal False, as on B = 1); groups, where given, isolate spans from each other.
 """
 
 from dataclasses import dataclass
@@ -25,21 +27,23 @@ class Item:
     wanted: slice | None = None  # the new tokens whose logits the caller reads (None: all): the head runs on these
 
 
-def attention_mask(items: list[Item], past: int, q: int, causal: bool = True) -> torch.Tensor:
-    """[B, 1, Q, L + Q] bool, True = attend."""
-    mask = torch.zeros(len(items), 1, q, past + q, dtype=torch.bool)
-    among_new = torch.ones(q, q, dtype=torch.bool)
-    if causal:
-        among_new = among_new.tril()
-    for b, item in enumerate(items):
-        n = len(item.input_ids)
-        mask[b, 0, :, : cache_len(item.cache)] = True
-        new = among_new[:n, :n].clone()
+def attention_mask(items: list[Item], causal: bool = True) -> torch.Tensor:
+    """[1, 1, Q, L + Q] bool, True = attend: each item's queries see its own past and its own new tokens."""
+    pasts = [cache_len(item.cache) for item in items]
+    sizes = [len(item.input_ids) for item in items]
+    past_total, q = sum(pasts), sum(sizes)
+    mask = torch.zeros(1, 1, q, past_total + q, dtype=torch.bool)
+    row, col = 0, 0
+    for item, past, n in zip(items, pasts, sizes, strict=True):
+        new = torch.ones(n, n, dtype=torch.bool)
+        if causal:
+            new = new.tril()
         if item.groups is not None:
             g = item.groups
             new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
-        mask[b, 0, :n, past : past + n] = new
-        mask[b, 0, n:, past:] = torch.eye(q, dtype=torch.bool)[n:]  # padding rows attend to themselves only
+        mask[0, 0, row : row + n, col : col + past] = True
+        mask[0, 0, row : row + n, past_total + row : past_total + row + n] = new
+        row, col = row + n, col + past
     return mask
 
 
@@ -49,28 +53,27 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     device = model.device
     if len(items) == 1 and items[0].groups is None:
         return [forward_one(model, items[0])]
-    past = max(cache_len(item.cache) for item in items)
-    q = max(len(item.input_ids) for item in items)
-    ids = torch.zeros(len(items), q, dtype=torch.long)
-    pos = torch.zeros(len(items), q, dtype=torch.long)
-    for b, item in enumerate(items):
-        ids[b, : len(item.input_ids)] = torch.tensor(item.input_ids)
-        pos[b, : len(item.position_ids)] = torch.tensor(item.position_ids)
-    embeds = model.get_input_embeddings()(ids.to(device))  # [B, Q, H]
-    for b, item in enumerate(items):
+    ids = torch.tensor([t for item in items for t in item.input_ids], device=device)[None]  # [1, Q]
+    pos = torch.tensor([p for item in items for p in item.position_ids], device=device)[None]
+    embeds = model.get_input_embeddings()(ids)  # [1, Q, H]
+    starts = [0]
+    for item in items:
+        starts.append(starts[-1] + len(item.input_ids))
+    for item, start, end in zip(items, starts, starts[1:], strict=False):
         if item.embeds is not None:
-            embeds[b, : len(item.input_ids)] = item.embeds
-    batched = stack([item.cache for item in items], past, model)
+            embeds[0, start:end] = item.embeds
+    packed = concat([item.cache for item in items], model)
+    past = cache_len(packed)
     out = model.base_model(
         inputs_embeds=embeds,
-        position_ids=pos.to(device),
-        attention_mask=attention_mask(items, past, q, getattr(model.config, "is_causal", True)).to(device),
-        past_key_values=batched,
+        position_ids=pos,
+        attention_mask=attention_mask(items, getattr(model.config, "is_causal", True)).to(device),
+        past_key_values=packed,
         use_cache=True,
     )
-    for b, item in enumerate(items):
-        extend(item.cache, batched, b, past, item.keep)
-    hidden = [out.last_hidden_state[b, : len(item.input_ids)] for b, item in enumerate(items)]
+    for item, start in zip(items, starts, strict=False):
+        extend(item.cache, packed, past + start, item.keep)
+    hidden = [out.last_hidden_state[0, start:end] for start, end in zip(starts, starts[1:], strict=False)]
     return head(model, hidden, items)
 
 
@@ -99,18 +102,13 @@ def head(model: PreTrainedModel, hidden: list[torch.Tensor], items: list[Item]) 
     return list(logits.split([len(w) for w in wanted]))
 
 
-def stack(caches: list[DynamicCache], length: int, model: PreTrainedModel) -> DynamicCache:
-    """A batched cache: every request's KV right-padded with zeros to `length`."""
-    batched = DynamicCache()
+def concat(caches: list[DynamicCache], model: PreTrainedModel) -> DynamicCache:
+    """A packed cache: every request's KV one after another along the sequence."""
+    packed = DynamicCache()
     for layer in range(model.config.num_hidden_layers):
-        keys, values = [], []
-        for cache in caches:
-            k, v = layer_kv(cache, layer, model)
-            pad = length - k.shape[-2]
-            keys.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
-            values.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
-        batched.update(torch.cat(keys), torch.cat(values), layer)
-    return batched
+        keys, values = zip(*(layer_kv(cache, layer, model) for cache in caches), strict=True)
+        packed.update(torch.cat(keys, dim=-2), torch.cat(values, dim=-2), layer)
+    return packed
 
 
 def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,11 +121,11 @@ def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[t
     return cache.layers[layer].keys, cache.layers[layer].values
 
 
-def extend(cache: DynamicCache, batched: DynamicCache, b: int, past: int, keep: int) -> None:
-    """Append row b's first `keep` new entries of the batched cache to the request's own cache."""
-    for layer in range(len(batched.layers)):
-        k = batched.layers[layer].keys[b : b + 1, :, past : past + keep]
-        v = batched.layers[layer].values[b : b + 1, :, past : past + keep]
+def extend(cache: DynamicCache, packed: DynamicCache, start: int, keep: int) -> None:
+    """Append the packed cache's entries [start, start + keep) (the item's first `keep` new ones) to its own cache."""
+    for layer in range(len(packed.layers)):
+        k = packed.layers[layer].keys[:, :, start : start + keep]
+        v = packed.layers[layer].values[:, :, start : start + keep]
         if len(cache.layers) > layer and cache.layers[layer].is_initialized:
             cache.layers[layer].keys = torch.cat([cache.layers[layer].keys, k], dim=-2)
             cache.layers[layer].values = torch.cat([cache.layers[layer].values, v], dim=-2)
