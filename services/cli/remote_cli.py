@@ -131,6 +131,10 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
+    if config.threads is None:
+        # one torch thread unless the config says otherwise: idle OpenMP threads spin, and with the server's own
+        # threads and its clients on the same cores that costs ten times the forward
+        config.threads = 1
     backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
     asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

@@ -37,8 +37,8 @@ class ServingConfig:
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap
     redis_url: str | None = None  # None: the embedded cache index
-    replica_threads: int = 1  # torch threads per model replica on CPU: replicas share the cores, spinning OpenMP
-    # threads of several processes on the same cores cost 10x
+    replica_threads: int = 2  # torch threads per model replica on CPU; their OpenMP threads sleep when idle (app.py),
+    # since the stages of a step take turns on the cores
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire

@@ -2,7 +2,7 @@
 
 OTEL_TRACES_EXPORTER   none (also when unset) | console | otlp: spans go nowhere, to stdout, or over OTLP
 OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER(_ARG): read by the SDK and the exporter
-DLM_TRACES_FILE        also write spans as JSON lines to this file (tests read a replica's spans there)
+OTEL_DLM_TRACES_FILE   also write spans as JSON lines to this file (tests read a replica's spans there)
 
 Unset, the tracer is the API's no-op: a span costs one call that returns a shared non-recording span, and no
 trace context crosses a hop. The trace context crosses the Ray hops as W3C `traceparent` strings, one per call of
@@ -53,7 +53,7 @@ def exporters_from_env() -> list[tuple[object, bool]]:
         out.append((OTLPSpanExporter(), True))
     elif kind not in ("none", ""):
         raise ValueError(f"OTEL_TRACES_EXPORTER must be otlp, console or none, got {kind!r}")
-    path = os.environ.get("DLM_TRACES_FILE")
+    path = os.environ.get("OTEL_DLM_TRACES_FILE")
     if path:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

@@ -6,12 +6,13 @@ import asyncio
 from dataclasses import asdict
 
 import grpc
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from services.ar_guider.deployment import GuiderDeployment
-from services.common.config import DEFAULT_CONFIG, EngineConfig, replica_threads
+from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
 from services.orchestrator.admission import IndexAdmission
@@ -32,7 +33,7 @@ HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
-        replica_threads(cfg)
+        torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
         self.hosts = RemoteHosts(cfg, handles)
         replicas = {role: await handle.replica_id.remote() for role, handle in handles.items()}
@@ -108,5 +109,9 @@ def build_app(args: dict | None = None):
         filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
         handles["filter"] = FilterDeployment.options(**filter_options).bind(config)
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
-    orchestrator = {"ray_actor_options": {"num_cpus": 0.5}, "logging_config": logs, "max_ongoing_requests": 1000}
+    orchestrator = {
+        "ray_actor_options": {"num_cpus": 0.5, "runtime_env": passive},
+        "logging_config": logs,
+        "max_ongoing_requests": 1000,
+    }
     return Orchestrator.options(**orchestrator).bind(config, **handles)

@@ -42,7 +42,7 @@ def served(tiny_zoo, tmp_path_factory):
         _node_ip_address="127.0.0.1",
         _metrics_export_port=metrics_port,
         _system_config={"metrics_report_interval_ms": 500},
-        runtime_env={"env_vars": {"DLM_TRACES_FILE": str(spans)}},
+        runtime_env={"env_vars": {"OTEL_DLM_TRACES_FILE": str(spans)}},
     )
     serve.run(build_app({"config": str(config)}), name="dlm", route_prefix=None)
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)
