@@ -1,4 +1,6 @@
-"""`dlm bench`: every strategy and the AR baseline on the same prompts in one process."""
+"""`dlm bench`: every strategy and the baselines on the same prompts in one process. Baselines: `ar` (the same-size
+AR model), `ar-guider` (the guider alone, whose output `guided` and `pipeline` reproduce: the speedup a user weighs)
+and `mdm`."""
 
 import time
 from dataclasses import dataclass
@@ -6,6 +8,9 @@ from dataclasses import dataclass
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
+
+# bench row name -> (strategy, params)
+BASELINES = {"ar": ("ar", {}), "ar-guider": ("ar", {"model": "guider"}), "mdm": ("mdm", {})}
 
 
 @dataclass(slots=True)
@@ -15,28 +20,41 @@ class BenchRow:
     wall_s: float
     rounds: int
     drafter_tokens: int
+    model_forwards: int = 0
     tokens_per_s: float = 0.0
     tpf: float = 0.0
+    tokens_per_forward: float = 0.0
     p_cache: float = 0.0
     speedup_vs_ar: float | None = None
+    speedup_vs_ar_guider: float | None = None
     speedup_vs_mdm: float | None = None
     ms_per_round: float = 0.0
 
 
-def run_strategy(engine: Engine, strategy: str, prompts: list[str], max_new_tokens: int, params: dict) -> BenchRow:
-    row = BenchRow(strategy, 0, 0.0, 0, 0)
+def run_strategy(
+    engine: Engine, name: str, prompts: list[str], max_new_tokens: int, params: dict, strategy: str | None = None
+) -> BenchRow:
+    """One row named `name`, decoded by `strategy` (default: the name)."""
+    row = BenchRow(name, 0, 0.0, 0, 0)
     for prompt in prompts:
         start = time.perf_counter()
-        result = engine.generate(prompt, strategy, params, max_new_tokens, SamplingParams())
+        result = engine.generate(prompt, strategy or name, params, max_new_tokens, SamplingParams())
         row.wall_s += time.perf_counter() - start
         row.tokens += result.stats["tokens"]
         row.rounds += result.stats["rounds"]
+        row.model_forwards += result.stats["model_forwards"]
         row.drafter_tokens += result.stats["drafter_tokens_processed"]
     row.tokens_per_s = row.tokens / row.wall_s
     row.tpf = row.tokens / max(row.rounds, 1)
+    row.tokens_per_forward = row.tokens / max(row.model_forwards, 1)
     row.p_cache = row.tokens / row.drafter_tokens if row.drafter_tokens else 1.0
     row.ms_per_round = 1000 * row.wall_s / max(row.rounds, 1)
     return row
+
+
+def baselines(engine: Engine) -> dict[str, tuple[str, dict]]:
+    """The guider-alone row only where a guider is configured."""
+    return {k: v for k, v in BASELINES.items() if k != "ar-guider" or "guider" in engine.config.models}
 
 
 def bench(
@@ -47,22 +65,29 @@ def bench(
     params: dict[str, dict] | None = None,
 ) -> list[BenchRow]:
     prompts = prompts or PROMPTS
-    names = list(dict.fromkeys(["ar", "mdm", *strategies]))
+    runs = baselines(engine) | {s: (s, (params or {}).get(s, {})) for s in strategies if s not in BASELINES}
     engine.generate(prompts[0], "ar", None, 4)  # load weights and warm up outside the timings
-    rows = [run_strategy(engine, name, prompts, max_new_tokens, (params or {}).get(name, {})) for name in names]
+    rows = [run_strategy(engine, name, prompts, max_new_tokens, p, strategy) for name, (strategy, p) in runs.items()]
     base = {row.strategy: row.tokens_per_s for row in rows}
     for row in rows:
         row.speedup_vs_ar = row.tokens_per_s / base["ar"]
         row.speedup_vs_mdm = row.tokens_per_s / base["mdm"]
+        if "ar-guider" in base:
+            row.speedup_vs_ar_guider = row.tokens_per_s / base["ar-guider"]
     return rows
 
 
+def speedup(value: float | None) -> str:
+    return f"{value:>8.2f}x" if value is not None else f"{'-':>9}"
+
+
 def table(rows: list[BenchRow]) -> str:
-    names = ("tok/s", "TPF", "p_cache", "vs ar", "vs mdm", "ms/rnd", "tokens")
-    lines = [f"{'strategy':<13} " + " ".join(f"{n:>8}" for n in names)]
+    names = ("tok/s", "TPF", "tok/fwd", "p_cache", "vs ar", "vs guider", "vs mdm", "ms/rnd", "tokens")
+    lines = [f"{'strategy':<13} " + " ".join(f"{n:>9}" for n in names)]
     for r in rows:
         lines.append(
-            f"{r.strategy:<13} {r.tokens_per_s:>8.1f} {r.tpf:>8.2f} {r.p_cache:>8.3f} "
-            f"{r.speedup_vs_ar:>7.2f}x {r.speedup_vs_mdm:>7.2f}x {r.ms_per_round:>8.1f} {r.tokens:>8}"
+            f"{r.strategy:<13} {r.tokens_per_s:>9.1f} {r.tpf:>9.2f} {r.tokens_per_forward:>9.2f} {r.p_cache:>9.3f} "
+            f"{speedup(r.speedup_vs_ar)} {speedup(r.speedup_vs_ar_guider)} {speedup(r.speedup_vs_mdm)} "
+            f"{r.ms_per_round:>9.1f} {r.tokens:>9}"
         )
     return "\n".join(lines)

@@ -167,7 +167,8 @@ def cmd_eval(args) -> int:
         stats = report["stats"]
         print(
             f"overall  {report['overall_accuracy']:6.1%}  nll {report['nll']:.3f}  TPF {stats['tpf']:.2f}  "
-            f"p_cache {stats['p_cache']:.3f}  {stats['tokens_per_s']:.1f} tok/s"
+            f"tokens/forward {stats['tokens_per_forward']:.2f}  p_cache {stats['p_cache']:.3f}  "
+            f"{stats['tokens_per_s']:.1f} tok/s"
         )
     return 0
 

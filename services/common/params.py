@@ -9,14 +9,15 @@ STATS_KEYS = (
     "drafter_forwards",
     "guider_forwards",
     "filter_calls",
+    "model_forwards",
     "tokens",
     "tpf",
+    "tokens_per_forward",
     "p_cache",
     "accepted_per_round",
     "ttft_s",
     "wall_s",
 )
-
 
 
 def stats_line(stats: dict) -> str:

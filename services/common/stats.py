@@ -1,9 +1,9 @@
-"""Per-request decode metrics (TPF: dInfer 001 §4.1; p_cache: WeDLM 002 Eq. 4)."""
+"""Per-request decode metrics (TPF: dInfer 001 §4.1; p_cache: WeDLM 002 Eq. 4; tokens per model forward)."""
 
 import time
 from dataclasses import asdict, dataclass, field
 
-COUNTERS = ("drafter_forwards", "guider_forwards", "filter_calls", "drafter_tokens_processed")
+COUNTERS = ("drafter_forwards", "guider_forwards", "filter_calls", "model_forwards", "drafter_tokens_processed")
 
 
 @dataclass(slots=True)
@@ -12,6 +12,7 @@ class Stats:
     drafter_forwards: int = 0
     guider_forwards: int = 0
     filter_calls: int = 0
+    model_forwards: int = 0  # every model call for this request (drafter + guider + filter), each counted
     tokens: int = 0
     drafter_tokens_processed: int = 0  # N_fwd: token instances through the drafter after prefill
     accepted: list[int] = field(default_factory=list)  # tokens decided per round
@@ -41,6 +42,12 @@ class Stats:
         return self.tokens / max(self.rounds, 1)
 
     @property
+    def tokens_per_forward(self) -> float:
+        """Tokens per model call: unlike TPF, a slot round's two drafter forwards and a guided round's drafter and
+        guider forwards each count, so strategies compare on what they cost."""
+        return self.tokens / max(self.model_forwards, 1)
+
+    @property
     def p_cache(self) -> float:
         """N_gen / N_fwd over the drafter's post-prefill forwards; 1.0 when no drafter ran (pure AR)."""
         return self.tokens / self.drafter_tokens_processed if self.drafter_tokens_processed else 1.0
@@ -52,6 +59,7 @@ class Stats:
         return {
             **counts,
             "tpf": self.tpf,
+            "tokens_per_forward": self.tokens_per_forward,
             "p_cache": self.p_cache,
             "accepted_per_round": sum(self.accepted) / max(len(self.accepted), 1),
             "ttft_s": (self.first_commit_s or end) - self.start_s,

@@ -12,6 +12,15 @@ CONFIG = "filter_config.json"
 WEIGHTS = "model.safetensors"
 
 
+def pad_blocks(confidences: list[torch.Tensor], block_size: int) -> torch.Tensor:
+    """Each block's confidences [n <= block] -> [B, block]. Positions past n read 1.0, as decided positions do: the
+    one padding convention of training (EGP rows) and inference, so a short window scores as the filter learned."""
+    padded = torch.ones(len(confidences), block_size)
+    for row, conf in enumerate(confidences):
+        padded[row, : len(conf)] = conf[:block_size].float()
+    return padded
+
+
 @dataclass(slots=True)
 class FilterConfig:
     block_size: int = 32  # 004 §4.1 block length
@@ -41,12 +50,8 @@ class Learn2PDFilter(nn.Module):
 
     @torch.inference_mode()
     def accept_probs_batch(self, confidences: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each confidence [n <= block] of one block -> sigmoid scores [n]; shorter blocks are padded with zeros."""
-        size = self.config.block_size
-        padded = torch.zeros(len(confidences), size)
-        for row, conf in enumerate(confidences):
-            padded[row, : len(conf)] = conf[:size].float()
-        scores = torch.sigmoid(self(padded))
+        """Each confidence [n <= block] of one block -> sigmoid scores [n] (short blocks padded by pad_blocks)."""
+        scores = torch.sigmoid(self(pad_blocks(confidences, self.config.block_size)))
         return [scores[row, : len(conf)] for row, conf in enumerate(confidences)]
 
     def accept_probs(self, confidence: torch.Tensor, request_id: str = "") -> torch.Tensor:

@@ -34,6 +34,7 @@ def account(req: Request, call: Call, reply: Reply) -> Any:
     """The scheduler counts each request's forwards and processed tokens; a remote host's RNG state comes back."""
     counter = COUNTERS[call.role]
     setattr(req.stats, counter, getattr(req.stats, counter) + 1)
+    req.stats.model_forwards += 1
     req.stats.drafter_tokens_processed += reply.tokens
     if reply.generator is not None:
         req.generator = reply.generator

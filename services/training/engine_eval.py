@@ -45,7 +45,7 @@ def evaluate(
 ) -> dict:
     """nll: score the outputs with the guider (needs models.guider)."""
     correct: dict[str, list[bool]] = {}
-    nll_sum, nll_tokens, tokens, rounds, drafted, wall = 0.0, 0, 0, 0, 0, 0.0
+    nll_sum, nll_tokens, tokens, rounds, forwards, drafted, wall = 0.0, 0, 0, 0, 0, 0, 0.0
     for family, prompt, task in items(suite, n, seed, families):
         if task is not None:
             budget = min(max_new_tokens, len(engine.tokenizer.encode(task.response, add_special_tokens=False)) + 8)
@@ -62,9 +62,10 @@ def evaluate(
         if nll:
             s, k = guider_nll(engine, req.prompt_ids, out)
             nll_sum, nll_tokens = nll_sum + s, nll_tokens + k
-        tokens, rounds, drafted = (
+        tokens, rounds, forwards, drafted = (
             tokens + req.stats.tokens,
             rounds + req.stats.rounds,
+            forwards + req.stats.model_forwards,
             drafted + req.stats.drafter_tokens_processed,
         )
     accuracy = {f: sum(v) / len(v) for f, v in correct.items()}
@@ -78,7 +79,9 @@ def evaluate(
         "stats": {
             "tokens": tokens,
             "rounds": rounds,
+            "model_forwards": forwards,
             "tpf": tokens / max(rounds, 1),
+            "tokens_per_forward": tokens / max(forwards, 1),
             "p_cache": tokens / drafted if drafted else 1.0,
             "tokens_per_s": tokens / wall if wall else 0.0,
             "wall_s": wall,

@@ -3,8 +3,8 @@
 Reference answer: the bidirectional drafter's own standard decode (`mdm`: low-confidence remasking). EGP oracle:
 at every step of a block, a masked position is unmasked iff the drafter's prediction equals the reference
 (004 §3.1.3); when none does, the most confident position takes its reference token so the block moves on. Each
-step yields the block's confidences (decided positions count as 1.0) and per masked position the label
-`prediction == reference`; the 2-layer MLP learns them with BCE.
+step yields the block's confidences (decided positions count as 1.0; a short last block is padded by `pad_blocks`,
+as inference pads) and per masked position the label `prediction == reference`; the 2-layer MLP learns them with BCE.
 """
 
 import json
@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from services.common.config import EngineConfig
 from services.common.proposal import Region
-from services.filter.model import FilterConfig, Learn2PDFilter
+from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
 from services.orchestrator.engine import Engine
 from services.training import tasks
 
@@ -76,12 +76,10 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
         while not req.decided[region.start : region.end].all():
             proposal = drafter.propose_bidirectional([(req, region, "none", None, False)])[0].value
             rel = proposal.positions - start
-            confidence, label, active = (
-                torch.ones(cfg.block_size),
-                torch.zeros(cfg.block_size),
-                torch.zeros(cfg.block_size),
-            )
+            confidence = torch.ones(region.end - region.start)
             confidence[rel] = proposal.probs
+            confidence = pad_blocks([confidence], cfg.block_size)[0]
+            label, active = torch.zeros(cfg.block_size), torch.zeros(cfg.block_size)
             match = proposal.ids == reference.tokens[proposal.positions]
             label[rel], active[rel] = match.float(), 1.0
             rows.append((confidence, label, active))

@@ -5,6 +5,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from services.cli.cli import main
+from services.common.params import STATS_KEYS
 
 GUIDER = ["generate", "--strategy", "ar", "--set", "model=guider", "--json"]
 
@@ -21,10 +22,10 @@ def test_generate_json_contract(tmp_path, tiny_zoo, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"text", "token_ids", "finish_reason", "seed", "stats"}
-    assert {"rounds", "drafter_forwards", "guider_forwards", "tokens", "tpf", "p_cache", "ttft_s", "wall_s"} <= set(
-        out["stats"]
-    )
-    assert out["stats"]["guider_forwards"] == out["stats"]["rounds"] == len(out["token_ids"])
+    assert set(out["stats"]) == set(STATS_KEYS)
+    stats = out["stats"]
+    assert stats["guider_forwards"] == stats["model_forwards"] == stats["rounds"] == len(out["token_ids"])
+    assert stats["tokens_per_forward"] == 1.0
 
 
 def generate(capsys, config: str, *args: str) -> dict:
@@ -82,9 +83,14 @@ def test_bench_table_and_json(tmp_path, tiny_zoo, capsys):
         == 0
     )
     rows = json.loads(out_file.read_text())
-    assert [r["strategy"] for r in rows] == ["ar", "mdm", "streaming"]
-    assert rows[0]["speedup_vs_ar"] == 1.0 and rows[1]["speedup_vs_mdm"] == 1.0
-    assert "p_cache" in capsys.readouterr().out
+    assert [r["strategy"] for r in rows] == ["ar", "ar-guider", "mdm", "streaming"]
+    assert [rows[0]["speedup_vs_ar"], rows[1]["speedup_vs_ar_guider"], rows[2]["speedup_vs_mdm"]] == [1.0] * 3
+    guider_alone = rows[1]
+    assert guider_alone["model_forwards"] == guider_alone["rounds"]  # one guider forward per token
+    streaming = rows[3]
+    assert streaming["tokens_per_forward"] == streaming["tokens"] / streaming["model_forwards"]
+    out = capsys.readouterr().out
+    assert "TPF" in out and "tok/fwd" in out and "vs guider" in out
 
 
 def test_eval_json_contract(tmp_path, tiny_zoo, capsys):

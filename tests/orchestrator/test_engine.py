@@ -159,3 +159,29 @@ def test_stats_count_forwards_per_request(engine, strategy, params):
         assert stats["guider_forwards"] == stats["filter_calls"] == stats["rounds"]
     else:
         assert stats["guider_forwards"] == 0 and stats["drafter_forwards"] <= 2 * stats["rounds"]
+
+
+@pytest.mark.parametrize(
+    "strategy,params",
+    [("ar", {}), ("slot", {"slot_size": 4, "block_size": 8}), ("guided", {"block_size": 8}), ("pipeline", {})],
+)
+def test_model_forwards_count_every_model_call(engine, strategy, params):
+    """A slot round is two drafter forwards, a guided round a drafter and a guider forward, a pipeline round adds
+    the filter's call: model_forwards counts each, where TPF counts rounds."""
+    eng = own_engine(engine)
+    calls = []
+    execute = eng.models.execute
+
+    def recording(groups, parents=None):
+        calls.append(sum(len(args) for args in groups.values()))
+        return execute(groups, parents)
+
+    eng.models.execute = recording
+    try:
+        stats = eng.generate(PROMPTS[0], strategy, params, 12).stats
+    finally:
+        del eng.models.execute
+    assert stats["model_forwards"] == sum(calls)
+    assert stats["model_forwards"] == stats["drafter_forwards"] + stats["guider_forwards"] + stats["filter_calls"]
+    assert stats["tokens_per_forward"] == stats["tokens"] / stats["model_forwards"]
+    assert stats["model_forwards"] == stats["rounds"] if strategy == "ar" else stats["model_forwards"] > stats["rounds"]

@@ -8,7 +8,10 @@ def test_evaluate_reports_accuracy_nll_and_stats(engine):
     assert set(report["accuracy"]) == {"count", "add"}
     assert all(0 <= v <= 1 for v in report["accuracy"].values())
     assert math.isfinite(report["nll"]) and report["nll"] > 0
-    assert {"tpf", "p_cache", "tokens_per_s"} <= set(report["stats"])
+    stats = report["stats"]
+    assert {"tpf", "tokens_per_forward", "p_cache", "tokens_per_s"} <= set(stats)
+    assert stats["model_forwards"] == stats["rounds"]  # streaming: one drafter forward a round
+    assert stats["tokens_per_forward"] == stats["tokens"] / stats["model_forwards"]
 
 
 def test_code_suite_is_open_ended(engine):
