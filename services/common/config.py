@@ -13,6 +13,14 @@ ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "dlm.yaml")
 
 
+class LimitExceeded(ValueError):
+    """A request asks more than serving.limits allow; `field` names the request field (the wire's own name)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(slots=True)
 class Limits:
     """What one request may ask of the server (serving.limits)."""
@@ -26,6 +34,30 @@ class Limits:
     def __post_init__(self):
         if min(asdict(self).values()) < 1:
             raise ValueError(f"serving.limits must all be >= 1, got {asdict(self)}")
+
+    def check(
+        self,
+        max_new_tokens: int | None,
+        stop: list[str],
+        logprobs: int | None,
+        request_id: str = "",
+        max_tokens_field: str = "max_new_tokens",
+    ) -> None:
+        """The one check of a request against the limits, whatever its transport (gRPC, the OpenAI API)."""
+        if max_new_tokens is not None and max_new_tokens > self.max_new_tokens:
+            message = f"{max_tokens_field} {max_new_tokens} exceeds the server limit of {self.max_new_tokens}"
+            raise LimitExceeded(max_tokens_field, message)
+        if len(stop) > self.max_stop_sequences:
+            raise LimitExceeded("stop", f"stop: at most {self.max_stop_sequences} sequences, got {len(stop)}")
+        for s in stop:
+            if not 0 < len(s) <= self.max_stop_length:
+                message = f"stop sequences must have 1 to {self.max_stop_length} characters, got {len(s)}"
+                raise LimitExceeded("stop", message)
+        if len(request_id) > self.max_request_id_length:
+            raise LimitExceeded("request_id", f"request_id is longer than {self.max_request_id_length} characters")
+        if logprobs is not None and logprobs > self.max_logprobs:
+            message = f"logprobs {logprobs} exceeds the server limit of {self.max_logprobs}"
+            raise LimitExceeded("logprobs", message)
 
 
 @dataclass(slots=True)

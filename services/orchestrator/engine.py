@@ -261,7 +261,9 @@ class Engine:
                         on_commit(out.event)
         finally:
             self.cancel(reqs)
+        outputs = [r.output_ids() for r in reqs]
         results = [
-            Result(self.decode_text(r.output_ids()), r.output_ids(), r.finish_reason, r.stats.to_dict()) for r in reqs
+            Result(self.decode_text(ids), ids, r.finish_reason, r.stats.to_dict())
+            for r, ids in zip(reqs, outputs, strict=True)
         ]
         return results if many else results[0]

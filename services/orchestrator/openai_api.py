@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from services.common.config import Limits
+from services.common.config import LimitExceeded, Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.backend import EngineBackend, Job, Spec
@@ -128,16 +128,10 @@ async def open_job(
     """Check what the engine does not know about, then queue the request; every refusal is an APIError."""
     if body.model != MODEL_ID:
         raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists {MODEL_ID!r}", "model")
-    if max_tokens is not None and max_tokens > limits.max_new_tokens:
-        raise APIError(
-            400, f"max_tokens {max_tokens} exceeds the server limit of {limits.max_new_tokens}", "max_tokens"
-        )
-    if top_n is not None and top_n > limits.max_logprobs:
-        raise APIError(400, f"at most {limits.max_logprobs} logprobs per token, got {top_n}", "logprobs")
-    stops = body.stops()
-    if len(stops) > limits.max_stop_sequences or not all(0 < len(s) <= limits.max_stop_length for s in stops):
-        message = f"at most {limits.max_stop_sequences} stop sequences of 1 to {limits.max_stop_length} characters"
-        raise APIError(400, message, "stop")
+    try:
+        limits.check(max_tokens, body.stops(), top_n, max_tokens_field="max_tokens")
+    except LimitExceeded as e:
+        raise APIError(400, str(e), e.field) from None
     strategy = body.strategy or backend.engine.config.strategy
     if strategy not in STRATEGIES:
         raise APIError(400, f"unknown strategy {strategy!r}; choose from {sorted(STRATEGIES)}", "strategy")

@@ -32,27 +32,17 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
     max_new = request.max_new_tokens if request.HasField("max_new_tokens") else None
     if max_new is not None and max_new <= 0:
         raise ValueError(f"max_new_tokens must be > 0, got {max_new}")
-    if max_new is not None and max_new > limits.max_new_tokens:
-        raise ValueError(f"max_new_tokens {max_new} exceeds the server limit of {limits.max_new_tokens}")
     params_kind, params = params_dict(request.params)
     strategy = request.strategy or params_kind
     if params_kind is not None and params_kind != strategy:
         raise ValueError(f"params are for strategy {params_kind!r} but strategy is {strategy!r}")
-    if len(request.stop) > limits.max_stop_sequences:
-        raise ValueError(f"stop: at most {limits.max_stop_sequences} sequences, got {len(request.stop)}")
-    for s in request.stop:
-        if not 0 < len(s) <= limits.max_stop_length:
-            raise ValueError(f"stop sequences must have 1 to {limits.max_stop_length} characters, got {len(s)}")
-    if len(request.request_id) > limits.max_request_id_length:
-        raise ValueError(f"request_id is longer than {limits.max_request_id_length} characters")
     sampling = request.sampling
     if not math.isfinite(sampling.temperature):
         raise ValueError(f"temperature must be finite, got {sampling.temperature}")
     top_p = sampling.top_p if sampling.HasField("top_p") else 1.0
     seed = sampling.seed if sampling.HasField("seed") else fresh_seed()
     logprobs = request.logprobs if request.HasField("logprobs") else None
-    if logprobs is not None and logprobs > limits.max_logprobs:
-        raise ValueError(f"logprobs {logprobs} exceeds the server limit of {limits.max_logprobs}")
+    limits.check(max_new, list(request.stop), logprobs, request.request_id)
     return Spec(
         prompt,
         max_new,
