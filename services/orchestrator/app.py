@@ -3,12 +3,14 @@ the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Se
 `serve deploy` takes `services.orchestrator.app:build_app`."""
 
 import asyncio
+import time
 from dataclasses import asdict
 
 import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from services.ar_guider.deployment import GuiderDeployment
@@ -24,6 +26,7 @@ from services.orchestrator.remote import RemoteHosts
 from services.orchestrator.server import Server
 from services.orchestrator.telemetry import Telemetry
 from services.serving.indexes import make_index
+from services.serving.replica_router import PinnedRouter
 
 HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 
@@ -36,13 +39,12 @@ class Orchestrator:
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
         self.hosts = RemoteHosts(cfg, handles)
-        replicas = {role: await handle.replica_id.remote() for role, handle in handles.items()}
+        self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-        kv_replicas = {role: replicas[role] for role in ("drafter", "guider") if role in replicas}
-        admission = IndexAdmission(self.index, kv_replicas, serving.kv_budget_tokens, serving.request_ttl_s)
+        admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
         metrics = ServeMetrics()
         engines = [
-            AsyncEngine(cfg, self.hosts, admission, Telemetry(cfg, metrics, replicas, engine=i))
+            AsyncEngine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
             for i in range(serving.micro_batches)
         ]
         self.backend = EngineBackend(*engines)
@@ -63,22 +65,35 @@ class Orchestrator:
         """Requests holding state: in the orchestrator, in the index, and per model deployment."""
         return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **await self.hosts.held()}
 
+    def placements(self) -> dict[str, dict[str, str]]:
+        """Request id -> deployment -> the replica holding its KV."""
+        return {rid: dict(where) for rid, where in self.hosts.placement.where.items()}
+
     def batch_sizes(self) -> dict:
         """Per deployment, batch size -> calls the orchestrator sent it."""
         return {role: dict(sizes) for role, sizes in self.hosts.batches.items()}
 
     async def check_health(self) -> None:
         """Serve restarts this replica when it raises: the gRPC server does not answer its health service, or,
-        once the models have loaded, a model deployment does not answer its health check."""
+        once the models have loaded, a model deployment has not answered its health check for
+        serving.resume_timeout_s. Not at once: while Serve restarts a model replica, the requests on it wait to resume
+        here, and restarting the orchestrator would lose them."""
         await health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
         if not self.backend.ready:
             return  # models still loading: gRPC health says NOT_SERVING meanwhile
         roles = list(self.hosts.handles)
         checks = [asyncio.wait_for(self.hosts.handles[role].check_health.remote(), HEALTH_TIMEOUT_S) for role in roles]
         done = await asyncio.gather(*checks, return_exceptions=True)
-        down = {role: repr(e) for role, e in zip(roles, done, strict=True) if isinstance(e, BaseException)}
+        now = time.monotonic()
+        for role, result in zip(roles, done, strict=True):
+            if isinstance(result, BaseException):
+                self.down_since.setdefault(role, (now, repr(result)))
+            else:
+                self.down_since.pop(role, None)
+        grace = self.hosts.config.serving.resume_timeout_s
+        down = {role: why for role, (since, why) in self.down_since.items() if now - since >= grace}
         if down:
-            raise RuntimeError(f"model deployments down: {down}")
+            raise RuntimeError(f"model deployments down for over {grace} s: {down}")
 
 
 def build_app(args: dict | None = None):
@@ -98,16 +113,24 @@ def build_app(args: dict | None = None):
         "max_ongoing_requests": 16,  # a step sends each method one call; releases and health checks come beside
         "logging_config": quiet,
     }
+    # Calls go to the replica holding their requests' KV. Without serving.replicas, Serve's default (1) or the Serve
+    # config's num_replicas / autoscaling_config decide how many run.
+    pinned = {**model, "request_router_config": RequestRouterConfig(request_router_class=PinnedRouter)}
+
+    def options(deployment: str, base: dict) -> dict:
+        count = serving.replicas.get(deployment)
+        return {**base, "name": deployment, **({"num_replicas": count} if count else {})}
+
     handles = {}
     if {"drafter", "drafter_bidirectional"} & set(cfg.models):
-        handles["drafter"] = DrafterDeployment.options(**model).bind(config)
+        handles["drafter"] = DrafterDeployment.options(**options("drafter", pinned)).bind(config)
     if "guider" in cfg.models:
-        handles["guider"] = GuiderDeployment.options(**model).bind(config, "guider")
+        handles["guider"] = GuiderDeployment.options(**options("guider", pinned)).bind(config, "guider")
     if "ar" in cfg.models:
-        handles["ar"] = GuiderDeployment.options(name="ar", **model).bind(config, "ar")
+        handles["ar"] = GuiderDeployment.options(**options("ar", pinned)).bind(config, "ar")
     if "filter" in cfg.models:
         filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
-        handles["filter"] = FilterDeployment.options(**filter_options).bind(config)
+        handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
     orchestrator = {
         "ray_actor_options": {"num_cpus": 0.5, "runtime_env": passive},

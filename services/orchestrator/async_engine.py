@@ -1,6 +1,7 @@
 """The engine over remote hosts, stepped on the event loop. A step's host calls are awaited, not run: while they
 are out the loop serves clients, and a request whose deadline passes while a replica is slow ends at its deadline
-(the call goes on for the others)."""
+(the call goes on for the others). One whose replica was lost and that finds no other by then ends with
+Unavailable, which clients retry."""
 
 import asyncio
 import time
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 from services.orchestrator.engine import Engine, Output
 from services.orchestrator.loop import Rounds
+from services.orchestrator.placement import Unavailable
 
 
 class AsyncEngine(Engine):
@@ -35,6 +37,12 @@ class AsyncEngine(Engine):
         now = time.monotonic()
         for rid in list(rounds.waiting):
             seq = self.sequences.get(rid)
-            if seq is not None and seq.deadline is not None and now > seq.deadline:
+            if seq is None or seq.deadline is None or now <= seq.deadline:
+                continue
+            if rid in self.models.resuming:
+                why = Unavailable(f"request {rid}: its replica was lost and none took it over before its deadline")
+                rounds.drop(rid, why)
+                emit(self.end(seq, "error", why))
+            else:
                 rounds.drop(rid, TimeoutError("deadline passed while a model call was out"))
                 emit(self.end(seq, "deadline"))

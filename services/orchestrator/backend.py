@@ -18,6 +18,8 @@ from services.orchestrator.strategies import STRATEGIES, make_params
 
 log = logging.getLogger(__name__)
 
+ADMISSION_POLL_S = 0.01
+
 __all__ = ["AlreadyExists", "EngineBackend", "Event", "Job", "ModelInfo", "Spec"]
 
 
@@ -146,6 +148,8 @@ class EngineBackend:
                 for rid in list(engine.sequences):
                     self.emit(engine.end(engine.sequences[rid], "error", e))
                 engine.flush_releases()
+            if not engine.scheduler.running:  # every request waits for KV room: a step would not yield the loop
+                await asyncio.sleep(ADMISSION_POLL_S)
 
     def detokenizer(self) -> Detokenizer:
         """A new request's incremental decoder."""

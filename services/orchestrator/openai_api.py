@@ -24,6 +24,7 @@ from services.orchestrator.openai_protocol import (
     now,
     usage,
 )
+from services.orchestrator.placement import Unavailable
 from services.orchestrator.scheduler import ResourceExhausted
 from services.orchestrator.strategies import STRATEGIES, make_params
 
@@ -190,6 +191,8 @@ class Render:
         try:
             async for delta in deltas:
                 text, ids, logprobs = text + delta.text, ids + delta.ids, logprobs + delta.logprobs
+        except Unavailable as e:
+            raise APIError(503, str(e), kind="unavailable_error") from None
         finally:
             self.job.cancel()
         whole = Delta(text, ids, logprobs, [], deltas.sent, len(deltas.rows))

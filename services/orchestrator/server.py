@@ -17,6 +17,7 @@ from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.deltas import Deltas
+from services.orchestrator.placement import Unavailable
 from services.orchestrator.scheduler import ResourceExhausted
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
@@ -82,6 +83,8 @@ class DlmServicer(rpc.DlmServiceServicer):
                 if delta.spans:
                     spans = [pb.Span(offset=offset, token_ids=ids) for offset, ids in delta.spans]
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
+        except Unavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except Exception as e:
             log.exception("request %s failed", job.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"decoding failed: {e}")

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from opentelemetry import trace
@@ -28,17 +29,18 @@ class Metrics(Protocol):
 
 
 class Telemetry:
-    """One per engine. `replicas`: role -> the replica id serving it (in process: "local")."""
+    """One per engine. `replicas`: (request id, role) -> the replica that served it (served: RemoteHosts.replica_of;
+    in process: "local")."""
 
     def __init__(
         self,
         config: EngineConfig,
         metrics: Metrics | None = None,
-        replicas: dict[str, str] | None = None,
+        replicas: Callable[[str, str], str] | None = None,
         engine: int = 0,
     ):
         self.tracer = configure()
-        self.metrics, self.replicas = metrics, replicas or {}
+        self.metrics, self.replicas = metrics, replicas or (lambda request_id, role: "local")
         first = next(iter(config.models.values()), "")
         self.model = os.path.basename(os.path.normpath(first)) if first else ""
         self.engine = engine  # this engine's index among the backend's micro-batch engines
@@ -111,7 +113,7 @@ class Telemetry:
             "latency_s": round(latency, 6),
             "tpot_s": round((latency - ttft) / max(stats.tokens - 1, 1), 6),
             "finish_reason": req.finish_reason,
-            "replicas": {role: self.replicas.get(role, "local") for role in seq.stages.roles},
+            "replicas": {role: self.replicas(req.id, role) for role in seq.stages.roles},
         }
         span = self.requests.pop(req.id, None)
         if span is not None:

@@ -21,15 +21,18 @@ class ReplicaHost:
         self.kv_usage = Gauge("dlm_kv_cache_usage_perc", description="Fraction of the replica's KV budget reserved")
         self.report_kv()
 
-    def run(self, method: str, args: list[Any], parents: list[str] | None = None) -> list[Reply]:
-        """One batched host call; parents: each call's round traceparent, or None untraced."""
+    def run(
+        self, method: str, args: list[Any], parents: list[str] | None = None, replica: str | None = None
+    ) -> list[Reply]:
+        """One batched host call; parents: each call's round traceparent, or None untraced; replica:
+        where the orchestrator sent it (services/serving/replica_router.py), which may be gone."""
         try:
             with stage_spans(self.deployment, method, parents, self.replica):
                 return getattr(self, method)(args)
         finally:
             self.report_kv()
 
-    def release(self, request_ids: list[str]) -> None:
+    def release(self, request_ids: list[str], replica: str | None = None) -> None:
         super().release(request_ids)
         self.report_kv()
 

@@ -34,7 +34,8 @@ def served(tiny_zoo, tmp_path_factory):
     root = tmp_path_factory.mktemp("obs")
     port, metrics_port, spans = free_port(), free_port(), root / "spans.jsonl"
     config = root / "dlm.yaml"
-    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": {"port": port}}}))
+    serving = {"port": port, "resume_timeout_s": 1.0}
+    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))
     ray.init(
         num_cpus=4,
         include_dashboard=False,
@@ -202,6 +203,7 @@ def test_check_health_fails_while_a_model_replica_does_not_answer(served):
     filter_replica = own_replica_pid("filter", str(spans_file))
     os.kill(filter_replica, signal.SIGSTOP)
     try:
+        app.check_health.remote().result(timeout_s=30)  # down, but not yet for serving.resume_timeout_s
         with pytest.raises(Exception, match="model deployments down.*filter"):
             app.check_health.remote().result(timeout_s=30)
     finally:

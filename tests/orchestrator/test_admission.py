@@ -4,13 +4,15 @@ import pytest
 
 from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.engine import Engine
+from services.orchestrator.placement import Placement
 from services.orchestrator.scheduler import ResourceExhausted
 from services.serving.cache_index import EmbeddedCacheIndex
 
 
 def engine_with(engine, budget: int, max_queue: int = 4) -> Engine:
     index = EmbeddedCacheIndex()
-    admission = IndexAdmission(index, {"drafter": "d0", "guider": "g0"}, budget, ttl_s=60)
+    placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
+    admission = IndexAdmission(index, placement, ttl_s=60)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
     return Engine(type(config)(models=config.models, serving=serving), models=engine.models, admission=admission)

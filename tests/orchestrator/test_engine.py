@@ -118,6 +118,8 @@ class StalledHosts:
     def __init__(self, models):
         self.models, self.released = models, []
 
+    resuming: set[str] = set()
+
     def __getattr__(self, name):
         return getattr(self.models, name)
 
