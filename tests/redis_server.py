@@ -51,8 +51,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(binary: str, timeout_s: float = 10.0):
-    """Start redis-server, wait for PING, yield its URL, stop it."""
+def redis_server(binary: str, timeout_s: float = 10.0, password: str | None = None):
+    """Start redis-server (with requirepass when password is given), wait for PING, yield its URL, stop it."""
     import redis
 
     workdir = tempfile.mkdtemp(prefix="redis-test-")
@@ -61,9 +61,10 @@ def redis_server(binary: str, timeout_s: float = 10.0):
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         log = os.path.join(workdir, f"redis-{port}.log")
         args += ["--dir", workdir, "--daemonize", "no", "--loglevel", "warning", "--logfile", log]
+        args += ["--requirepass", password] if password else []
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, password=password)
         deadline = time.monotonic() + timeout_s
         ready = False
         while time.monotonic() < deadline and proc.poll() is None:

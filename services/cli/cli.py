@@ -195,6 +195,15 @@ def cmd_serve(args) -> int:
     return serve_ray(args.config, serve_flags(args))
 
 
+def client_flags(parser: argparse.ArgumentParser) -> None:
+    """How --target reaches a secured server; the token is read from a file or DLM_API_KEY, never a flag's value
+    (flags show in `ps`)."""
+    parser.add_argument("--api-key-file", default=None, metavar="FILE", help="bearer token (default: $DLM_API_KEY)")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM", help="gRPC over TLS, trusting this CA")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate (mTLS), with --tls-key")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the client certificate's key (mTLS)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlm", description="Serve diffusion language models fast.")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine YAML (default: configs/dlm.yaml)")
@@ -218,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--target", default=None, metavar="HOST:PORT", help="decode on a running server over gRPC")
+    client_flags(gen)
     gen.add_argument("--trace-png", default=None, metavar="FILE", help="draw the decoding: positions against rounds")
     gen.add_argument("--trace-json", default=None, metavar="FILE", help="the picture's data: each token's round")
     gen.set_defaults(func=cmd_generate)
@@ -241,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --concurrency or --target")
     ben.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the --strategy's parameters")
+    client_flags(ben)
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")

@@ -7,13 +7,25 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.serving.security import bearer, channel
 from services.serving.wire import SERVICE, params_message, pb, rpc
 
 
 class DlmClient:
-    def __init__(self, target: str, timeout: float | None = None):
+    def __init__(
+        self,
+        target: str,
+        timeout: float | None = None,
+        api_key: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ):
+        """api_key: the server's bearer token; tls_ca: the CA file that signed the server's certificate (TLS);
+        tls_cert + tls_key: this client's certificate where the server asks for one (mTLS)."""
         self.target = target
-        self.channel = grpc.insecure_channel(target)
+        self.channel = channel(target, tls_ca, tls_cert, tls_key)
+        self.metadata = bearer(api_key)
         self.stub = rpc.DlmServiceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout  # per call, seconds; None: no deadline
@@ -26,6 +38,10 @@ class DlmClient:
 
     def close(self) -> None:
         self.channel.close()
+
+    def call(self, method, request):
+        """One DlmService call with this client's deadline and token."""
+        return method(request, timeout=self.timeout, metadata=self.metadata)
 
     @staticmethod
     def request(
@@ -69,11 +85,11 @@ class DlmClient:
 
     def generate(self, prompt: str | Sequence[int], **kwargs):
         """Decode to completion -> GenerateResponse (text, token_ids, finish_reason, usage, stats)."""
-        return self.stub.Generate(self.request(prompt, **kwargs), timeout=self.timeout)
+        return self.call(self.stub.Generate, self.request(prompt, **kwargs))
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator:
         """Yield pb.Chunk, pb.Spans and finally one pb.Complete; closing the iterator cancels the request."""
-        call = self.stub.GenerateStream(self.request(prompt, **kwargs), timeout=self.timeout)
+        call = self.call(self.stub.GenerateStream, self.request(prompt, **kwargs))
         try:
             for message in call:
                 yield getattr(message, message.WhichOneof("event"))
@@ -82,18 +98,18 @@ class DlmClient:
 
     def abort(self, request_id: str) -> bool:
         """End a live request (its stream completes as cancelled); False when it was not live."""
-        return self.stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.timeout).found
+        return self.call(self.stub.Abort, pb.AbortRequest(request_id=request_id)).found
 
     def strategies(self) -> dict[str, dict[str, Any]]:
         """name -> the parameters the server uses when a request sets none."""
         out = {}
-        for info in self.stub.ListStrategies(pb.ListStrategiesRequest(), timeout=self.timeout).strategies:
+        for info in self.call(self.stub.ListStrategies, pb.ListStrategiesRequest()).strategies:
             values = getattr(info.defaults, info.defaults.WhichOneof("kind"))
             out[info.name] = {f.name: v for f, v in values.ListFields()}
         return out
 
     def model_info(self):
-        return self.stub.ModelInfo(pb.ModelInfoRequest(), timeout=self.timeout)
+        return self.call(self.stub.ModelInfo, pb.ModelInfoRequest())
 
     def health(self, service: str = SERVICE) -> str:
         """SERVING, NOT_SERVING, ... for the service ("" for the whole server)."""

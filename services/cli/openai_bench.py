@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from services.cli.load import levels, percentile, work
 from services.common.params import BENCH_PROMPTS
+from services.serving.security import api_key
 
 
 @dataclass(slots=True)
@@ -39,13 +40,11 @@ class ServeRow:
     latency_mean_s: float
 
 
-def timed_chat(base: str, prompt: str, body: dict) -> Timed:
+def timed_chat(base: str, prompt: str, body: dict, headers: dict[str, str]) -> Timed:
     """One streamed chat completion, timed as its client sees it."""
     payload = {**body, "messages": [{"role": "user", "content": prompt}], "stream": True}
     payload["stream_options"] = {"include_usage": True}
-    req = urllib.request.Request(
-        f"{base}/v1/chat/completions", json.dumps(payload).encode(), {"Content-Type": "application/json"}
-    )
+    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(payload).encode(), headers)
     start = time.perf_counter()
     first, tokens = None, 0
     with urllib.request.urlopen(req, timeout=600) as reply:
@@ -61,11 +60,11 @@ def timed_chat(base: str, prompt: str, body: dict) -> Timed:
     return Timed(latency, first if first is not None else latency, tokens)
 
 
-def level(base: str, concurrency: int, body: dict) -> ServeRow:
+def level(base: str, concurrency: int, body: dict, headers: dict[str, str]) -> ServeRow:
     sent = work(BENCH_PROMPTS, concurrency)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        timings = list(pool.map(lambda p: timed_chat(base, p, body), sent))
+        timings = list(pool.map(lambda p: timed_chat(base, p, body, headers), sent))
     wall = time.perf_counter() - start
     tokens = sum(t.tokens for t in timings)
     ttft, tpot = [t.ttft_s * 1000 for t in timings], [t.tpot_s * 1000 for t in timings]
@@ -105,8 +104,12 @@ def bench_openai(args) -> int:
         from services.common.params import parse_sets
 
         body["dlm_params"] = parse_sets(args.set)
-    timed_chat(base, BENCH_PROMPTS[0], {**body, "max_tokens": 4})  # warm up outside the timings
-    rows = [level(base, c, body) for c in levels(args.concurrency or "1,16")]
+    headers = {"Content-Type": "application/json"}
+    token = api_key(getattr(args, "api_key_file", None))  # --api-key-file, else DLM_API_KEY
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    timed_chat(base, BENCH_PROMPTS[0], {**body, "max_tokens": 4}, headers)  # warm up outside the timings
+    rows = [level(base, c, body, headers) for c in levels(args.concurrency or "1,16")]
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -12,12 +12,20 @@ from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
+from services.serving.security import api_key
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
 
 def rpc_error(e: grpc.RpcError) -> int:
     print(f"dlm: error: {e.code().name}: {e.details()}", file=sys.stderr)
     return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+
+
+def client_for(args) -> DlmClient:
+    """A client of args.target with --api-key-file (else DLM_API_KEY) and the --tls-* files, where given."""
+    token = api_key(getattr(args, "api_key_file", None))
+    tls = {k: getattr(args, k, None) for k in ("tls_ca", "tls_cert", "tls_key")}
+    return DlmClient(args.target, api_key=token, **tls)
 
 
 def generate_remote(args) -> int:
@@ -34,7 +42,7 @@ def generate_remote(args) -> int:
     )
     text, ids, logprobs, done = [], [], [], None
     try:
-        with DlmClient(args.target) as client:
+        with client_for(args) as client:
             for event in client.stream(args.prompt, **kwargs):
                 if isinstance(event, pb.Chunk):
                     text.append(event.text)
@@ -100,7 +108,7 @@ def bench_remote(args) -> int:
     if getattr(args, "set", None):
         kwargs["params"] = parse_sets(args.set)
     try:
-        with DlmClient(args.target) as client:
+        with client_for(args) as client:
             client.wait_ready()
             client.generate(PROMPTS[0], **{**kwargs, "max_new_tokens": 4})  # warm up outside the timings
             rows = [load_level(client, c, PROMPTS, kwargs) for c in concurrency]

@@ -1,7 +1,9 @@
 """Engine configuration: which model directory plays which role, device and dtype; read from one YAML file, under
-`DLM_` environment variables (DLM_SERVING__REDIS_URL, DLM_STRATEGY); unknown keys are errors."""
+`DLM_` environment variables (DLM_SERVING__REDIS_URL, DLM_STRATEGY); unknown keys are errors. Secrets are never
+config values: the config names files that hold them, or they come from the variables in SECRET_ENV."""
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
@@ -11,10 +13,15 @@ from services.common.config_keys import check_fields, check_keys, env_overrides,
 
 ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "dlm.yaml")
+API_KEY_ENV = "DLM_API_KEY"  # the bearer token clients must send, when serving.api_key_file is not set
+REDIS_PASSWORD_ENV = "DLM_REDIS_PASSWORD"  # the cache index's Redis password (not REDIS_PASSWORD: KubeRay sets that)
+SECRET_ENV = (API_KEY_ENV, REDIS_PASSWORD_ENV)  # DLM_ variables that are not config keys
+# request ids name index keys, log lines and metrics: letters, digits and . _ - only (no ':' or spaces)
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 class LimitExceeded(ValueError):
-    """A request asks more than serving.limits allow; `field` names the request field (the wire's own name)."""
+    """A request breaks serving.limits; `field` names the request field (the wire's own name)."""
 
     def __init__(self, field: str, message: str):
         super().__init__(message)
@@ -55,6 +62,8 @@ class Limits:
                 raise LimitExceeded("stop", message)
         if len(request_id) > self.max_request_id_length:
             raise LimitExceeded("request_id", f"request_id is longer than {self.max_request_id_length} characters")
+        if request_id and not REQUEST_ID.fullmatch(request_id):
+            raise LimitExceeded("request_id", "request_id may hold only letters, digits, '.', '_' and '-'")
         if logprobs is not None and logprobs > self.max_logprobs:
             message = f"logprobs {logprobs} exceeds the server limit of {self.max_logprobs}"
             raise LimitExceeded("logprobs", message)
@@ -78,6 +87,11 @@ class ServingConfig:
     call_timeout_s: float = 30.0  # a model call that takes longer counts its replica as lost: its requests move
     resume_timeout_s: float = 60.0  # how long a request whose replica was lost waits for another before UNAVAILABLE
     limits: Limits = field(default_factory=Limits)
+    # secrets by file path (or the SECRET_ENV variables), never inline: the config may sit in a repo or a ConfigMap
+    api_key_file: str | None = None  # bearer token for gRPC and the OpenAI API (vLLM's --api-key); else DLM_API_KEY
+    tls_cert_file: str | None = None  # gRPC serves TLS with this PEM certificate chain and tls_key_file
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None  # mTLS: clients must present a certificate this CA signed
     metrics_export_port: int = 8080  # Ray's Prometheus endpoint (`dlm serve`; KubeRay's convention)
     log_level: str = "INFO"  # the orchestrator's: INFO logs one JSON line per finished request
 
@@ -85,6 +99,10 @@ class ServingConfig:
         if isinstance(self.limits, Mapping):
             check_fields(Limits, self.limits, "serving.limits")
             self.limits = Limits(**self.limits)
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("serving.tls_cert_file and serving.tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("serving.tls_client_ca_file (mTLS) needs serving.tls_cert_file and tls_key_file")
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
         counts = (self.max_concurrency, self.micro_batches, self.kv_budget_tokens)
@@ -147,7 +165,8 @@ class EngineConfig:
         engine = dict(raw.get("engine", raw))
         base = os.path.dirname(os.path.abspath(path))
         engine["models"] = {r: os.path.normpath(os.path.join(base, p)) for r, p in engine.get("models", {}).items()}
-        env = env_overrides(cls, os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        env = env_overrides(cls, {k: v for k, v in environ.items() if k not in SECRET_ENV})
         env["models"] = {r: os.path.abspath(p) for r, p in env.get("models", {}).items()}
         return cls.from_dict(merge(merge(engine, env), given(overrides)))
 

@@ -27,6 +27,7 @@ from services.orchestrator.server import Server
 from services.orchestrator.telemetry import Telemetry
 from services.serving.indexes import make_index
 from services.serving.replica_router import PinnedRouter
+from services.serving.security import api_key
 
 HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 
@@ -48,11 +49,10 @@ class Orchestrator:
             for i in range(serving.micro_batches)
         ]
         self.backend = EngineBackend(*engines)
-        attach(self.backend, serving.limits)
+        attach(self.backend, serving.limits, api_key(serving.api_key_file))
         self.server = Server(self.backend, serving.limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
-        local = "127.0.0.1" if serving.host in ("0.0.0.0", "::", "[::]") else serving.host
-        self.channel = grpc.aio.insecure_channel(f"{local}:{self.port}")
+        self.channel = grpc.aio.insecure_channel(self.server.local_target(serving.host))
 
     def address(self) -> str:
         return f"port {self.port}"

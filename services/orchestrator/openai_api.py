@@ -2,11 +2,12 @@
 EngineBackend as gRPC: POST /v1/completions and /v1/chat/completions (JSON, or SSE ending with `data: [DONE]`),
 GET /v1/models and /health. Bad input is a 400 in OpenAI's error shape naming the field, never a 500."""
 
+import hmac
 import json
 from collections.abc import AsyncIterator
 from uuid import uuid4
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -45,14 +46,24 @@ class Served:
 
     backend: EngineBackend
     limits: Limits
+    api_key: str | None = None  # the bearer token /v1 routes require (None: open)
 
 
 served = Served()
 
 
-def attach(backend: EngineBackend, limits: Limits) -> None:
-    """Serve this backend (the replica's, shared with its gRPC server)."""
-    served.backend, served.limits = backend, limits
+def attach(backend: EngineBackend, limits: Limits, api_key: str | None = None) -> None:
+    """Serve this backend (the replica's, shared with its gRPC server); with api_key, /v1 requires it."""
+    served.backend, served.limits, served.api_key = backend, limits, api_key
+
+
+def authorized(request: Request) -> None:
+    """`Authorization: Bearer <api_key>` on every /v1 route when the server has a key (vLLM's --api-key)."""
+    if served.api_key is None:
+        return
+    sent = request.headers.get("authorization", "")
+    if not hmac.compare_digest(sent.encode(), f"Bearer {served.api_key}".encode()):
+        raise APIError(401, "missing or invalid API key (Authorization: Bearer)", kind="authentication_error")
 
 
 @api.exception_handler(APIError)
@@ -81,7 +92,7 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@api.get("/v1/models")
+@api.get("/v1/models", dependencies=[Depends(authorized)])
 async def models() -> dict:
     backend = served.backend
     info = backend.model_info()
@@ -90,7 +101,7 @@ async def models() -> dict:
     return {"object": "list", "data": [model]}
 
 
-@api.post("/v1/completions")
+@api.post("/v1/completions", dependencies=[Depends(authorized)])
 async def completions(body: CompletionRequest):
     backend = ready_backend()
     tokenizer = backend.engine.tokenizer
@@ -103,7 +114,7 @@ async def completions(body: CompletionRequest):
     return await render.whole(deltas)
 
 
-@api.post("/v1/chat/completions")
+@api.post("/v1/chat/completions", dependencies=[Depends(authorized)])
 async def chat_completions(body: ChatCompletionRequest):
     backend = ready_backend()
     prompt = backend.engine.encode_chat([m.model_dump() for m in body.messages])

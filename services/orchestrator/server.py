@@ -3,7 +3,9 @@
 import asyncio
 import logging
 import math
+import os
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -19,6 +21,7 @@ from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spe
 from services.orchestrator.deltas import Deltas
 from services.orchestrator.placement import Unavailable
 from services.orchestrator.scheduler import ResourceExhausted
+from services.serving.security import TokenAuth, api_key, server_credentials
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
 log = logging.getLogger(__name__)
@@ -172,26 +175,46 @@ def token_logprob(token_id: int, lp: TokenLogprob):
 
 
 class Server:
-    """DlmService + health + reflection on one port; models load in the background, health says when done."""
+    """DlmService + health + reflection on one port; models load in the background, health says when done.
+    TLS and the bearer token come from the config's serving section (serving.tls_*_file, api_key_file or
+    DLM_API_KEY)."""
 
     def __init__(self, backend: EngineBackend, limits: Limits | None = None):
-        self.backend, self.limits = backend, limits or backend.engine.config.serving.limits
+        serving = backend.engine.config.serving
+        self.backend, self.limits, self.serving = backend, limits or serving.limits, serving
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.loading: asyncio.Task | None = None
+        self.port = 0
+        self.socket: str | None = None
 
     async def start(self, address: str = "127.0.0.1:0") -> int:
         """Listen on address and start loading the models; returns the bound port."""
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        token = api_key(self.serving.api_key_file)
+        interceptors = [TokenAuth(token)] if token else []
+        self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
         rpc.add_DlmServiceServicer_to_server(DlmServicer(self.backend, self.limits), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
-        port = self.server.add_insecure_port(address)
+        credentials = server_credentials(self.serving)
+        if credentials is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
+            # a plaintext Unix socket only this host's processes reach, for the replica's own health probe
+            self.socket = os.path.join(tempfile.mkdtemp(prefix="dlm-grpc-"), "grpc.sock")
+            self.server.add_insecure_port(f"unix:{self.socket}")
         await self.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
         self.loading = asyncio.create_task(self.load())
-        return port
+        return self.port
+
+    def local_target(self, host: str) -> str:
+        """Where a plaintext channel on this host reaches the server (its health probe): the port, or under TLS
+        the Unix socket."""
+        local = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+        return f"unix:{self.socket}" if self.socket else f"{local}:{self.port}"
 
     async def set_health(self, status) -> None:
         for name in ("", SERVICE):

@@ -326,8 +326,7 @@ class EmbeddedCacheIndex(CacheIndex):
         with self._lock:
             if self._live(request_id, self._now()) is None:
                 return []
-            base = f"{self.prefix}req:{request_id}"
-            return [base, f"{base}:ids", f"{base}:order"]
+            return request_keys(self.prefix, request_id)
 
     # ------------------------------------------------------------------ replicas
     def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
@@ -400,6 +399,13 @@ class EmbeddedCacheIndex(CacheIndex):
                 if self._held[replica]:
                     out += [f"{base}:held", f"{base}:exp"]
             return sorted(out + ([f"{self.prefix}replicas"] if self._totals else []))
+
+
+def request_keys(prefix: str, request_id: str) -> list[str]:
+    """A request's storage keys: entry, committed ids, order. The kind comes before the id, so no request id,
+    whatever its characters, makes another request's key (`req:x:ids` is the entry of "x:ids", x's ids are
+    `ids:x`)."""
+    return [f"{prefix}{kind}:{request_id}" for kind in ("req", "ids", "order")]
 
 
 def check_tokens(tokens: int) -> int:

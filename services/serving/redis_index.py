@@ -3,8 +3,8 @@
 Keys (prefix `dlm:` by default):
 
     {p}req:{id}               hash: drafter, guider, committed_len, strategy, params (JSON), state (JSON), ttl_ms
-    {p}req:{id}:ids           string: committed token ids, little-endian uint32, commit order (APPEND per round)
-    {p}req:{id}:order         string: logical positions, little-endian uint32, commit order (physical -> logical)
+    {p}ids:{id}               string: committed token ids, little-endian uint32, commit order (APPEND per round)
+    {p}order:{id}             string: logical positions, little-endian uint32, commit order (physical -> logical)
     {p}replica:{r}:tokens     int: KV tokens the replica holds
     {p}replica:{r}:held       hash: request id -> tokens it holds on the replica
     {p}replica:{r}:exp        zset: request id -> expiry (ms since the epoch, server clock; +inf: never)
@@ -33,6 +33,7 @@ from services.serving.cache_index import (
     effective_ttl,
     json_copy,
     normalise,
+    request_keys,
 )
 
 __all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
@@ -242,8 +243,7 @@ class RedisCacheIndex(CacheIndex):
 
     # ------------------------------------------------------------------ internals
     def _req_keys(self, request_id: str) -> list[str]:
-        base = f"{self.prefix}req:{request_id}"
-        return [base, f"{base}:ids", f"{base}:order"]
+        return request_keys(self.prefix, request_id)
 
     def _run(self, name: str, keys: list[str], *args):
         return self._scripts[name](keys=keys, args=[self.prefix, *args])

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from services.cli.cli import build_parser, serve_flags
-from services.common.config import EngineConfig, Limits
+from services.common.config import EngineConfig, LimitExceeded, Limits, ServingConfig
 from services.common.config_keys import given, merge
 
 SERVING = {"host": "0.0.0.0", "port": 6000, "redis_url": "redis://cache:6379/0"}
@@ -115,3 +115,27 @@ def test_dlm_serve_keeps_the_configs_host_port_and_redis_unless_a_flag_is_given(
     flags = serve_flags(parser.parse_args(["serve", "--port", "7002"]))
     assert EngineConfig.from_yaml(path, environ=environ).serving.port == 7001
     assert EngineConfig.from_yaml(path, environ=environ, serving=flags).serving.port == 7002  # flags over env
+
+
+@pytest.mark.parametrize("rid", ["x:ids", "a b", "x*", "ü", "x\n", "../x", "{x}"])
+def test_request_id_outside_the_safe_alphabet_is_refused(rid):
+    with pytest.raises(LimitExceeded) as err:
+        Limits().check(None, [], None, rid)
+    assert err.value.field == "request_id"
+
+
+def test_safe_request_ids_pass():
+    for rid in ("", "req-1", "A.b_c-9", "0" * 128):
+        Limits().check(None, [], None, rid)
+
+
+def test_secrets_are_files_or_environment_variables_never_config_keys(tmp_path):
+    environ = {"DLM_API_KEY": "token-value", "DLM_REDIS_PASSWORD": "password-value"}
+    environ["DLM_SERVING__API_KEY_FILE"] = "/run/secrets/key"
+    cfg = EngineConfig.from_yaml(engine_file(tmp_path), environ=environ)  # the secrets are no unknown keys
+    assert cfg.serving.api_key_file == "/run/secrets/key"
+    assert "-value" not in str(asdict(cfg))  # nor config values the Ray app's pickled config would carry
+    with pytest.raises(ValueError, match="go together"):
+        ServingConfig(tls_cert_file="server.pem")
+    with pytest.raises(ValueError, match="mTLS"):
+        ServingConfig(tls_client_ca_file="ca.pem")

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from services.common.config import EngineConfig
+from services.common.config import SECRET_ENV, EngineConfig
 from tests.k8s.manifests import find
 
 RAYSERVICE = find("RayService", "dlm")
@@ -61,12 +61,25 @@ def test_the_serve_config_is_valid_for_ray_serve():
     schema.ServeDeploySchema.model_validate(SERVE_CONFIG)
 
 
-def test_the_redis_password_comes_only_from_a_secret():
+def test_the_redis_passwords_come_only_from_a_secret():
     password = CLUSTER["gcsFaultToleranceOptions"]["redisPassword"]
     assert set(password) == {"valueFrom"} and set(password["valueFrom"]) == {"secretKeyRef"}
     redis = find("Deployment", "dlm-redis")["spec"]["template"]["spec"]["containers"][0]
-    (env,) = [e for e in redis["env"] if "$(" + e["name"] + ")" in " ".join(redis["args"])]
-    assert env["valueFrom"]["secretKeyRef"] == password["valueFrom"]["secretKeyRef"]
+    args = redis["args"]
+    starts = [i for i, word in enumerate(args) if word == "--user"] + [len(args)]
+    users = {args[i + 1]: args[i + 2 : j] for i, j in zip(starts, starts[1:], strict=False)}  # user -> its ACL rules
+    by_name = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis["env"]}
+    secret_of = {user: [by_name[n] for n in by_name if f">$({n})" in rules] for user, rules in users.items()}
+    assert secret_of["ray-gcs"] == [password["valueFrom"]["secretKeyRef"]]
+    orchestrator = {e["name"]: e for e in container(pod_groups()["orchestrator"])["env"]}
+    assert secret_of["default"] == [orchestrator["DLM_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]]
+    assert all("nopass" not in rules for rules in users.values())
+
+
+def test_the_orchestrators_secrets_come_only_from_secrets():
+    env = {e["name"]: e for e in container(pod_groups()["orchestrator"])["env"]}
+    for name in SECRET_ENV:
+        assert set(env[name]) == {"name", "valueFrom"} and set(env[name]["valueFrom"]) == {"secretKeyRef"}
 
 
 @pytest.mark.parametrize("group", ["head", "orchestrator", "gpu"])

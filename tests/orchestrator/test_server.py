@@ -35,16 +35,16 @@ SAMPLING = dict(temperature=0.7, top_p=0.9, seed=11)
 
 
 class Harness:
-    """A Server on its own event-loop thread, and a client."""
+    """A Server on its own event-loop thread, and a client (client: DlmClient's api_key and tls_* arguments)."""
 
-    def __init__(self, backend, limits: Limits | None = None):
+    def __init__(self, backend, limits: Limits | None = None, **client):
         self.backend = backend
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = Server(backend, limits)
         self.port = self.call(self.server.start())
-        self.client = DlmClient(f"127.0.0.1:{self.port}", timeout=30)
+        self.client = DlmClient(f"127.0.0.1:{self.port}", timeout=30, **client)
 
     def call(self, coro, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -173,6 +173,8 @@ BAD = [
     ("temperature nan", request(sampling=pb.SamplingParams(temperature=float("nan"))), "temperature"),
     ("top_p 0", request(sampling=pb.SamplingParams(top_p=0)), "top_p"),
     ("request_id too long", request(request_id="r" * 200), "request_id"),
+    ("request_id naming another's key", request(request_id="x:ids"), "request_id"),
+    ("request_id with a space", request(request_id="a b"), "request_id"),
 ]
 
 

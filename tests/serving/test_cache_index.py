@@ -239,3 +239,46 @@ def test_make_index_redis(redis_url):
         assert idx.release("x")
     finally:
         idx.close()
+
+
+# ids that spell another request's key under a `{p}req:{id}` + `:ids` scheme, or a glob
+HOSTILE_IDS = ["x:ids", "x:order", "ids:x", "order:x", "req:x", "x:", ":x", "x*", "x\n", "x:ids:ids"]
+
+
+def test_no_request_id_reaches_another_requests_keys(index):
+    """A client's `x:ids` once turned x's ids key into a hash (WRONGTYPE on x's next commit) and releasing it
+    deleted x's ids: every id must own keys of its own."""
+    x = full_entry("x")
+    index.put(x)
+    owned = set(index.keys("x"))
+    for rid in HOSTILE_IDS:
+        index.put(full_entry(rid, token_ids=[1], order=[0], committed_len=1))
+        index.commit(rid, positions=[1], token_ids=[2])
+        index.update(rid, token_ids=[3], order=[0], state={"s": rid})
+        assert not owned & set(index.keys(rid)), rid
+        assert index.get("x") == x
+        assert index.release(rid)
+        assert index.get("x") == x and set(index.keys("x")) == owned
+    index.commit("x", positions=[5], token_ids=[6])  # x's keys kept their types
+    assert index.get("x").token_ids == x.token_ids + [6]
+
+
+def test_redis_password_from_the_environment(monkeypatch):
+    """DLM_REDIS_PASSWORD authenticates the index, so the URL in the config carries no password."""
+    from tests.redis_server import find_redis_server, redis_server
+
+    redis = pytest.importorskip("redis")
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("redis-server not found")
+    with redis_server(binary, password="pw-from-env") as url:
+        monkeypatch.delenv("DLM_REDIS_PASSWORD", raising=False)
+        refused = make_index(url)
+        with pytest.raises(redis.AuthenticationError):
+            refused.get("r")
+        refused.close()
+        monkeypatch.setenv("DLM_REDIS_PASSWORD", "pw-from-env")
+        index = make_index(url)
+        index.put(IndexEntry("r"))
+        assert index.get("r").request_id == "r"
+        index.close()
