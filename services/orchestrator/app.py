@@ -63,7 +63,8 @@ class Orchestrator:
 
     async def live(self) -> dict:
         """Requests holding state: in the orchestrator, in the index, and per model deployment."""
-        return {"orchestrator": self.backend.live(), "index": self.index.storage_keys(), **await self.hosts.held()}
+        index = await self.index.storage_keys()
+        return {"orchestrator": self.backend.live(), "index": index, **await self.hosts.held()}
 
     def placements(self) -> dict[str, dict[str, str]]:
         """Request id -> deployment -> the replica holding its KV."""

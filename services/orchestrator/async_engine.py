@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from services.orchestrator.engine import Engine, Output
 from services.orchestrator.loop import Rounds
-from services.orchestrator.placement import Unavailable
+from services.orchestrator.scheduler import Unavailable
 
 
 class AsyncEngine(Engine):

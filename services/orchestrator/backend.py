@@ -104,12 +104,14 @@ class EngineBackend:
     async def start(self) -> None:
         """Load every model, then start driving steps."""
         await self.engine.models.start()
+        for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
+            await admission.start()
         self.ready = True
         self.drivers = [asyncio.create_task(self.drive(e, w)) for e, w in zip(self.engines, self.wakes, strict=True)]
 
     async def open(self, spec: Spec) -> Job:
         """Queue a request on the least busy engine; ValueError names a bad field, ResourceExhausted says the queue
-        is full."""
+        is full, Unavailable that the cache index is down."""
         i = min(range(len(self.engines)), key=lambda i: len(self.engines[i].sequences))
         engine = self.engines[i]
         req = engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)

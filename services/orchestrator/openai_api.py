@@ -25,8 +25,7 @@ from services.orchestrator.openai_protocol import (
     now,
     usage,
 )
-from services.orchestrator.placement import Unavailable
-from services.orchestrator.scheduler import ResourceExhausted
+from services.orchestrator.scheduler import ResourceExhausted, Unavailable
 from services.orchestrator.strategies import STRATEGIES, make_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # others (cancelled, deadline) keep their names
@@ -158,6 +157,8 @@ async def open_job(
         return await backend.open(spec)
     except ResourceExhausted as e:
         raise APIError(429, str(e), kind="rate_limit_error") from None
+    except Unavailable as e:
+        raise APIError(503, str(e), kind="unavailable_error") from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
 

@@ -8,10 +8,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 
-class Unavailable(Exception):
-    """The request cannot go on now (its replica was lost and none took over in time): clients retry (UNAVAILABLE)."""
-
-
 class Placement:
     def __init__(self, deployments: Iterable[str], live: Callable[[str], list[str]], budget_tokens: int):
         self.deployments = tuple(deployments)

@@ -20,8 +20,9 @@ from services.common.calls import Reply
 from services.common.config import EngineConfig
 from services.common.models import ModelMeta, load_meta
 from services.orchestrator.loop import Groups, Parents, Results
-from services.orchestrator.placement import Placement, Unavailable
+from services.orchestrator.placement import Placement
 from services.orchestrator.pool import first_role
+from services.orchestrator.scheduler import Unavailable
 from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.live_replicas import live_replicas
 

@@ -14,6 +14,11 @@ class ResourceExhausted(Exception):
     pass
 
 
+class Unavailable(Exception):
+    """The request cannot start or go on now (the cache index is down, or its replica was lost and none took over in
+    time): gRPC UNAVAILABLE, HTTP 503; clients retry."""
+
+
 @dataclass(eq=False)
 class Sequence:
     """A request as the scheduler sees it: its decode state, its stages and why it stops early, if it does."""
@@ -34,7 +39,8 @@ class Sequence:
 class Admission(Protocol):
     """The KV budget of the replicas a request decodes on (in-process: token counts; served: the cache index)."""
 
-    def fits(self, seq: Sequence) -> bool: ...  # could ever be admitted
+    async def start(self) -> None: ...  # on the serving event loop, before the first step
+    def fits(self, seq: Sequence) -> bool: ...  # could ever be admitted; Unavailable: not now
     def admit(self, seq: Sequence) -> bool: ...  # reserve its tokens if there is room now
     def progress(self, seq: Sequence) -> None: ...  # after each round: record what it committed
     def release(self, seq: Sequence) -> None: ...
@@ -45,6 +51,9 @@ class TokenAdmission:
 
     def __init__(self, budget_tokens: int):
         self.budget, self.reserved = budget_tokens, {}
+
+    async def start(self) -> None:
+        pass
 
     def fits(self, seq: Sequence) -> bool:
         return seq.tokens <= self.budget

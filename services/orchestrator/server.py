@@ -19,8 +19,7 @@ from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.backend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.deltas import Deltas
-from services.orchestrator.placement import Unavailable
-from services.orchestrator.scheduler import ResourceExhausted
+from services.orchestrator.scheduler import ResourceExhausted, Unavailable
 from services.serving.security import TokenAuth, api_key, server_credentials
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
@@ -73,6 +72,8 @@ class DlmServicer(rpc.DlmServiceServicer):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         except ResourceExhausted as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except Unavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 

@@ -13,15 +13,15 @@ and again as it grows; `free` gives tokens back when a cache is trimmed, `releas
 Two implementations share this interface and its tests: `EmbeddedCacheIndex` (in process, a lock and dicts) and
 `RedisCacheIndex` (redis_index.py). `make_index(url)` (indexes.py) picks one.
 
-Usage, per request::
+The interface is async so that a remote index never blocks the event loop. Usage, per request::
 
-    if not index.reserve(drafter, prompt_len + max_new_tokens, budget, request_id=rid):
+    if not await index.reserve(drafter, prompt_len + max_new_tokens, budget, request_id=rid):
         ...  # queue or reject: the replica is full
-    index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
-    index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9])   # every round; refreshes the TTL
-    index.update(rid, state={"credits": [...]})                    # strategy state, after a round
-    index.route(rid)                                               # Route(drafter=..., guider=...)
-    index.release(rid)                                             # finished or aborted
+    await index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
+    await index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9])   # every round; refreshes the TTL
+    await index.update(rid, state={"credits": [...]})                    # strategy state, after a round
+    await index.route(rid)                                               # Route(drafter=..., guider=...)
+    await index.release(rid)                                             # finished or aborted
 """
 
 import json
@@ -66,72 +66,80 @@ class Route(NamedTuple):
 
 
 class CacheIndex(ABC):
-    """The interface; both implementations are thread-safe and every operation is atomic."""
+    """The interface, async (a remote index never blocks the event loop); every operation is atomic.
+    Operations raise IndexUnavailable when the index cannot be reached."""
 
     default_ttl_s: float | None
 
     # ------------------------------------------------------------------ entries
     @abstractmethod
-    def put(self, entry: IndexEntry) -> None:
+    async def put(self, entry: IndexEntry) -> None:
         """Create or replace the request's entry and (re)start its TTL. Tokens it already holds stay held."""
 
     @abstractmethod
-    def update(self, request_id: str, **fields) -> IndexEntry:
+    async def update(self, request_id: str, **fields) -> IndexEntry:
         """Change some fields of a live entry (names from `UPDATABLE`) and refresh its TTL; returns the new entry.
         Raises KeyError when the request is unknown or expired. `update(rid)` alone is a heartbeat."""
 
     @abstractmethod
-    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
         """Append committed positions (in commit order) and their tokens; add len(positions) to committed_len and
         refresh the TTL. Raises KeyError when the request is unknown or expired."""
 
     @abstractmethod
-    def get(self, request_id: str) -> IndexEntry | None:
+    async def get(self, request_id: str) -> IndexEntry | None:
         """The entry, or None when unknown or expired. Does not refresh the TTL."""
 
     @abstractmethod
-    def release(self, request_id: str) -> bool:
+    async def release(self, request_id: str) -> bool:
         """Delete the entry and give every token it holds back to its replicas. True if there was anything."""
 
     @abstractmethod
-    def route(self, request_id: str) -> Route | None:
+    async def route(self, request_id: str) -> Route | None:
         """The replicas that hold the request's KV, or None when unknown or expired."""
 
     @abstractmethod
-    def keys(self, request_id: str) -> list[str]:
+    async def keys(self, request_id: str) -> list[str]:
         """Every storage key the request owns (empty once released or expired)."""
 
     # ------------------------------------------------------------------ replicas
     @abstractmethod
-    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
         """Atomically: if replica_tokens(replica) + tokens <= budget, add `tokens` to the replica and return True;
         else change nothing and return False. budget=None always admits (growth without a limit).
         With a request_id the tokens are charged to that request: `release` gives them back, and they expire with
         its entry (or after `default_ttl_s` when the request has no entry yet). Without one they stay until `free`."""
 
     @abstractmethod
-    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
         """Give back up to `tokens` (a trimmed cache); with a request_id at most what it holds there.
         Returns the tokens freed."""
 
     @abstractmethod
-    def replica_tokens(self, replica: str) -> int:
+    async def replica_tokens(self, replica: str) -> int:
         """KV tokens the replica holds now (expired requests' tokens already given back)."""
 
     @abstractmethod
-    def holdings(self, replica: str) -> dict[str, int]:
+    async def holdings(self, replica: str) -> dict[str, int]:
         """request_id -> tokens the request holds on this replica (requests charged through `reserve`)."""
 
     @abstractmethod
-    def replicas(self) -> list[str]:
+    async def replicas(self) -> list[str]:
         """Every replica that ever reserved tokens, sorted."""
 
     @abstractmethod
-    def storage_keys(self) -> list[str]:
+    async def storage_keys(self) -> list[str]:
         """Every key the index stores (for tests and debugging)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    async def ping(self) -> None:  # noqa: B027 - optional hook
+        """Raise IndexUnavailable when the index cannot be reached."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+
+class IndexUnavailable(Exception):
+    """The index could not be reached (connection refused, timed out); the write may or may not have happened."""
 
 
 def check_fields(updates: dict) -> None:
@@ -226,6 +234,9 @@ class EmbeddedCacheIndex(CacheIndex):
         self._held: dict[str, dict[str, list]] = {}  # replica -> id -> [tokens, deadline]
         self._totals: dict[str, int] = {}  # replica -> tokens held, request-charged and anonymous
 
+    def __str__(self) -> str:
+        return "embedded index"
+
     # ------------------------------------------------------------------ internals (lock held)
     def _deadline(self, ttl: float | None, now: float) -> float:
         return float("inf") if ttl is None else now + ttl
@@ -269,12 +280,12 @@ class EmbeddedCacheIndex(CacheIndex):
         self._refresh(entry.request_id, deadline, now)
 
     # ------------------------------------------------------------------ entries
-    def put(self, entry: IndexEntry) -> None:
+    async def put(self, entry: IndexEntry) -> None:
         entry = normalise(entry, self.default_ttl_s)
         with self._lock:
             self._store(entry, self._now())
 
-    def update(self, request_id: str, **updates) -> IndexEntry:
+    async def update(self, request_id: str, **updates) -> IndexEntry:
         check_fields(updates)
         with self._lock:
             now = self._now()
@@ -289,7 +300,7 @@ class EmbeddedCacheIndex(CacheIndex):
             self._store(new, now)
             return copy_entry(new)
 
-    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
         positions, token_ids = check_commit(positions, token_ids)
         with self._lock:
             now = self._now()
@@ -301,12 +312,12 @@ class EmbeddedCacheIndex(CacheIndex):
             entry.committed_len += len(positions)
             self._store(entry, now)
 
-    def get(self, request_id: str) -> IndexEntry | None:
+    async def get(self, request_id: str) -> IndexEntry | None:
         with self._lock:
             entry = self._live(request_id, self._now())
             return None if entry is None else copy_entry(entry)
 
-    def release(self, request_id: str) -> bool:
+    async def release(self, request_id: str) -> bool:
         with self._lock:
             now = self._now()
             found = self._entries.pop(request_id, None) is not None
@@ -317,19 +328,17 @@ class EmbeddedCacheIndex(CacheIndex):
                     found = True
             return found
 
-    def route(self, request_id: str) -> Route | None:
+    async def route(self, request_id: str) -> Route | None:
         with self._lock:
             entry = self._live(request_id, self._now())
             return None if entry is None else Route(entry.drafter, entry.guider)
 
-    def keys(self, request_id: str) -> list[str]:
+    async def keys(self, request_id: str) -> list[str]:
         with self._lock:
-            if self._live(request_id, self._now()) is None:
-                return []
-            return request_keys(self.prefix, request_id)
+            return request_keys(self.prefix, request_id) if self._live(request_id, self._now()) is not None else []
 
     # ------------------------------------------------------------------ replicas
-    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
         tokens = check_tokens(tokens)
         with self._lock:
             now = self._now()
@@ -349,7 +358,7 @@ class EmbeddedCacheIndex(CacheIndex):
                     item[0] += tokens
             return True
 
-    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
         tokens = check_tokens(tokens)
         with self._lock:
             now = self._now()
@@ -370,28 +379,28 @@ class EmbeddedCacheIndex(CacheIndex):
             self._totals[replica] -= tokens
             return tokens
 
-    def replica_tokens(self, replica: str) -> int:
+    async def replica_tokens(self, replica: str) -> int:
         with self._lock:
             now = self._now()
             self._sweep(replica, now)
             return self._totals.get(replica, 0)
 
-    def holdings(self, replica: str) -> dict[str, int]:
+    async def holdings(self, replica: str) -> dict[str, int]:
         with self._lock:
             now = self._now()
             self._sweep(replica, now)
             return {rid: item[0] for rid, item in self._held.get(replica, {}).items()}
 
-    def replicas(self) -> list[str]:
+    async def replicas(self) -> list[str]:
         with self._lock:
             return sorted(self._totals)
 
-    def storage_keys(self) -> list[str]:
+    async def storage_keys(self) -> list[str]:
         with self._lock:
             now = self._now()
             out = []
             for rid in list(self._entries):
-                out += self.keys(rid) if self._live(rid, now) else []
+                out += request_keys(self.prefix, rid) if self._live(rid, now) else []
             for replica in self._totals:
                 self._sweep(replica, now)
                 base = f"{self.prefix}replica:{replica}"

@@ -20,11 +20,15 @@ Kubernetes manifests do).
 import json
 import struct
 
-import redis
+import redis.asyncio as redis
+from redis import exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services.serving.cache_index import (
     CacheIndex,
     IndexEntry,
+    IndexUnavailable,
     Route,
     check_commit,
     check_fields,
@@ -37,6 +41,8 @@ from services.serving.cache_index import (
 )
 
 __all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
+
+UNREACHABLE = (exceptions.ConnectionError, exceptions.TimeoutError)  # raised as IndexUnavailable
 
 _LIB = """
 local P = ARGV[1]
@@ -234,19 +240,38 @@ class RedisCacheIndex(CacheIndex):
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "dlm:", default_ttl_s: float | None = 3600.0, **redis_kwargs):
-        """redis://[:password@]host:port/db, rediss://... (TLS) or unix:///path.sock; extra kwargs go to redis-py."""
+        """redis://[:password@]host:port/db, rediss://... (TLS) or unix:///path.sock; extra kwargs go to redis-py.
+        A call fails within about a second while Redis is down (IndexUnavailable); it is retried once on a fresh
+        connection, so the first call after Redis restarted goes through."""
         redis_kwargs.setdefault("health_check_interval", 30)
+        redis_kwargs.setdefault("socket_connect_timeout", 1.0)
+        redis_kwargs.setdefault("socket_timeout", 1.0)
+        redis_kwargs.setdefault("retry", Retry(NoBackoff(), 1))
         return cls(redis.Redis.from_url(url, **redis_kwargs), prefix=prefix, default_ttl_s=default_ttl_s)
 
-    def close(self) -> None:
-        self.client.close()
+    def __str__(self) -> str:
+        kw = self.client.connection_pool.connection_kwargs  # no password: this names the index in error messages
+        where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+        return f"Redis at {where}"
+
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+
+    async def close(self) -> None:
+        await self.client.aclose()
 
     # ------------------------------------------------------------------ internals
     def _req_keys(self, request_id: str) -> list[str]:
         return request_keys(self.prefix, request_id)
 
-    def _run(self, name: str, keys: list[str], *args):
-        return self._scripts[name](keys=keys, args=[self.prefix, *args])
+    async def _run(self, name: str, keys: list[str], *args):
+        try:
+            return await self._scripts[name](keys=keys, args=[self.prefix, *args])
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
 
     def _decode(self, request_id: str, snap) -> IndexEntry | None:
         if not snap:
@@ -268,9 +293,9 @@ class RedisCacheIndex(CacheIndex):
         )
 
     # ------------------------------------------------------------------ entries
-    def put(self, entry: IndexEntry) -> None:
+    async def put(self, entry: IndexEntry) -> None:
         e = normalise(entry, self.default_ttl_s)
-        self._run(
+        await self._run(
             "put",
             self._req_keys(e.request_id),
             e.request_id,
@@ -285,7 +310,7 @@ class RedisCacheIndex(CacheIndex):
             pack_ids(e.order),
         )
 
-    def update(self, request_id: str, **updates) -> IndexEntry:
+    async def update(self, request_id: str, **updates) -> IndexEntry:
         check_fields(updates)
         ttl = _ttl_ms(effective_ttl(updates["ttl_s"], self.default_ttl_s)) if "ttl_s" in updates else "keep"
         replace = "token_ids" in updates
@@ -302,7 +327,7 @@ class RedisCacheIndex(CacheIndex):
         for k in ("params", "state"):
             if k in updates:
                 pairs += [k, json_dumps(json_copy(k, updates[k]))]
-        snap = self._run(
+        snap = await self._run(
             "update",
             self._req_keys(request_id),
             request_id,
@@ -316,56 +341,57 @@ class RedisCacheIndex(CacheIndex):
             raise KeyError(request_id)
         return self._decode(request_id, snap)
 
-    def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
         positions, token_ids = check_commit(positions, token_ids)
-        ok = self._run(
+        ok = await self._run(
             "commit", self._req_keys(request_id), request_id, len(positions), pack_ids(token_ids), pack_ids(positions)
         )
         if not ok:
             raise KeyError(request_id)
 
-    def get(self, request_id: str) -> IndexEntry | None:
-        return self._decode(request_id, self._run("get", self._req_keys(request_id), request_id))
+    async def get(self, request_id: str) -> IndexEntry | None:
+        return self._decode(request_id, await self._run("get", self._req_keys(request_id), request_id))
 
-    def release(self, request_id: str) -> bool:
-        return bool(self._run("release", self._req_keys(request_id), request_id))
+    async def release(self, request_id: str) -> bool:
+        return bool(await self._run("release", self._req_keys(request_id), request_id))
 
-    def route(self, request_id: str) -> Route | None:
-        drafter, guider, exists = self.client.hmget(self._req_keys(request_id)[0], "drafter", "guider", "ttl_ms")
+    async def route(self, request_id: str) -> Route | None:
+        drafter, guider, exists = await self.client.hmget(self._req_keys(request_id)[0], "drafter", "guider", "ttl_ms")
         if exists is None:
             return None
         return Route(drafter.decode() or None, guider.decode() or None)
 
-    def keys(self, request_id: str) -> list[str]:
+    async def keys(self, request_id: str) -> list[str]:
         keys = self._req_keys(request_id)
-        with self.client.pipeline(transaction=True) as p:
+        async with self.client.pipeline(transaction=True) as p:
             for k in keys:
                 p.exists(k)
-            found = p.execute()
+            found = await p.execute()
         return [k for k, n in zip(keys, found, strict=True) if n]
 
     # ------------------------------------------------------------------ replicas
-    def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
+    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
         default = _ttl_ms(self.default_ttl_s)
         budget = "" if budget is None else int(budget)
-        return bool(self._run("reserve", [], replica, check_tokens(tokens), budget, request_id or "", default))
+        return bool(await self._run("reserve", [], replica, check_tokens(tokens), budget, request_id or "", default))
 
-    def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
-        return int(self._run("free", [], replica, check_tokens(tokens), request_id or ""))
+    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
+        return int(await self._run("free", [], replica, check_tokens(tokens), request_id or ""))
 
-    def replica_tokens(self, replica: str) -> int:
-        return int(self._run("replica_tokens", [], replica))
+    async def replica_tokens(self, replica: str) -> int:
+        return int(await self._run("replica_tokens", [], replica))
 
-    def holdings(self, replica: str) -> dict[str, int]:
-        flat = self._run("holdings", [], replica)
+    async def holdings(self, replica: str) -> dict[str, int]:
+        flat = await self._run("holdings", [], replica)
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def replicas(self) -> list[str]:
-        return sorted(r.decode() for r in self.client.smembers(f"{self.prefix}replicas"))
+    async def replicas(self) -> list[str]:
+        return sorted(r.decode() for r in await self.client.smembers(f"{self.prefix}replicas"))
 
-    def storage_keys(self) -> list[str]:
-        self._run("sweep_all", [])
-        return sorted(k.decode() for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "*", count=1000))
+    async def storage_keys(self) -> list[str]:
+        await self._run("sweep_all", [])
+        match = _glob_escape(self.prefix) + "*"
+        return sorted([k.decode() async for k in self.client.scan_iter(match=match, count=1000)])
 
 
 def json_dumps(value: dict) -> str:

@@ -1,11 +1,7 @@
 """Placement: new requests on the live replica with the most free KV budget; a request whose replica is gone moves
-to the freest live one, and the cache index follows it."""
+to the freest live one (tests/orchestrator/test_admission.py: the cache index follows it)."""
 
-from types import SimpleNamespace
-
-from services.orchestrator.admission import IndexAdmission
 from services.orchestrator.placement import Placement
-from services.serving.cache_index import EmbeddedCacheIndex
 
 
 def test_new_requests_go_to_the_freest_live_replica_until_none_has_room():
@@ -29,19 +25,3 @@ def test_a_request_moves_off_a_lost_replica_and_waits_while_none_is_live():
     assert placement.move("a", "drafter", gone={"d0"}) is None and placement.replica("a", "drafter") == "d0"
     live["drafter"] = ["d2"]
     assert placement.move("a", "drafter", gone={"d0"}) == "d2"
-
-
-def test_the_index_records_where_a_moved_request_lives():
-    live = {"drafter": ["d0", "d1"], "guider": ["g0"]}
-    index = EmbeddedCacheIndex()
-    admission = IndexAdmission(index, Placement(("drafter", "guider"), live.__getitem__, 100), ttl_s=60)
-    seq = SimpleNamespace(req=SimpleNamespace(id="a", order=[]), tokens=30, strategy="streaming", params={})
-
-    assert admission.admit(seq)
-    assert index.route("a").drafter == "d0" and index.replica_tokens("d0") == 30
-    admission.placement.move("a", "drafter", gone={"d0"})
-    admission.progress(seq)
-    assert index.route("a").drafter == "d1"
-    assert index.replica_tokens("d0") == 0 and index.replica_tokens("d1") == 30
-    admission.release(seq)
-    assert index.keys("a") == [] and index.replica_tokens("d1") == 0

@@ -9,8 +9,8 @@ from ray.exceptions import ActorDiedError
 
 from services.common.calls import Reply
 from services.common.config import EngineConfig, ServingConfig
-from services.orchestrator.placement import Unavailable
 from services.orchestrator.remote import RemoteHosts
+from services.orchestrator.scheduler import Unavailable
 from services.serving import live_replicas
 
 

@@ -205,3 +205,94 @@ def test_deadline_passes_while_a_replica_is_stalled(service):
     finally:
         os.kill(drafter, signal.SIGCONT)
     assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+
+
+@pytest.fixture
+def redis_process_of(service, request):
+    """The redis-server behind the service's index (skips on the embedded index); running again after the test."""
+    if request.node.callspec.params["service"] != "redis":
+        pytest.skip("the embedded index cannot go down")
+    server = request.getfixturevalue("redis_process")
+    yield server
+    if server.proc is None:
+        server.start()
+
+
+def index_keys(url: str, words: list[str]) -> list[str]:
+    import redis
+
+    with redis.Redis.from_url(url) as r:
+        return [k.decode() for k in r.scan_iter() if any(w in k.decode() for w in words)]
+
+
+def test_redis_restarted_mid_run(service, redis_process_of):
+    """8 streams run while Redis stops and starts again (empty): they end with the undisturbed text, the
+    orchestrator writes the live ones' records again once Redis is back, and no key of theirs is left."""
+    client, app, engine = service
+    server, params, n = redis_process_of, CASES["streaming"], 64
+    samplings = [dict(temperature=0.8, top_p=0.95, seed=500 + i) for i in range(8)]
+    expected = [engine.generate(PROMPT, "streaming", params, n, SamplingParams(**s)).token_ids for s in samplings]
+    ids, results = [f"restarted-{i}" for i in range(8)], [None] * 8
+    started = [threading.Event() for _ in range(8)]
+
+    def run(i: int) -> None:
+        got = []
+        for event in client.stream(
+            PROMPT, strategy="streaming", params=params, max_new_tokens=n, request_id=ids[i], **samplings[i]
+        ):
+            if hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
+                got.extend(event.token_ids)
+                started[i].set()
+        results[i] = got
+
+    streams = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in streams:
+        t.start()
+    assert all(e.wait(60) for e in started)
+    drafter = replica_pid("drafter")
+    server.stop()
+    time.sleep(0.1)  # rounds go on while Redis is down
+    os.kill(drafter, signal.SIGSTOP)  # holds the streams mid-run across the restart
+    try:
+        live = app.requests.remote().result()
+        assert live, "every stream ended before Redis came back: nothing to re-write"
+        server.start()
+        deadline = time.monotonic() + 5.0
+        while {rid for rid in live if not index_keys(server.url, [rid])}:
+            assert time.monotonic() < deadline, f"records not written again: {index_keys(server.url, live)}"
+            time.sleep(0.05)
+    finally:
+        os.kill(drafter, signal.SIGCONT)
+    for t in streams:
+        t.join(120)
+    assert results == expected
+    deadline = time.monotonic() + 5.0
+    while index_keys(server.url, ids):
+        assert time.monotonic() < deadline, f"index keys left: {index_keys(server.url, ids)}"
+        time.sleep(0.05)
+
+
+def test_new_request_gets_unavailable_while_redis_is_down(service, redis_process_of):
+    client, _, _ = service
+    server = redis_process_of
+    server.stop()
+    deadline = time.monotonic() + 5.0  # a request before the orchestrator noticed goes on from its own copy
+    while True:
+        try:
+            client.generate(PROMPT, strategy="streaming", max_new_tokens=8)
+        except grpc.RpcError as e:
+            err = e
+            break
+        assert time.monotonic() < deadline, "requests were still accepted 5 s after Redis stopped"
+        time.sleep(0.1)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    assert "cache index (Redis at 127.0.0.1:" in err.details() and "unavailable" in err.details()
+    server.start()
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, e
+            time.sleep(0.1)
