@@ -1,6 +1,7 @@
 """No lost streams: a model replica SIGKILLed under running streams. Their requests move to a live replica (or to
 the one Serve restarts), which rebuilds their KV from the request, and every stream ends with the text of an
-undisturbed run. A local Ray, the Serve app on tiny models, gRPC over loopback."""
+undisturbed run (the same streams, seeds and replicas, nothing killed). A local Ray, the Serve app on tiny models,
+gRPC over loopback."""
 
 import os
 import signal
@@ -13,9 +14,6 @@ import pytest
 import yaml
 
 from services.cli.client import DlmClient
-from services.common.config import EngineConfig
-from services.common.sampling import SamplingParams
-from services.orchestrator.engine import Engine
 from services.serving.wire import pb
 from tests.orchestrator.test_services import free_port
 
@@ -46,7 +44,7 @@ def service(request, tiny_zoo, tmp_path_factory):
     while client.health() != "SERVING":
         assert time.monotonic() < deadline, "the service never became SERVING"
         time.sleep(0.5)
-    yield client, app, Engine(EngineConfig.from_yaml(str(config))), request.param
+    yield client, app, request.param
     client.close()
     serve.shutdown()
     ray.shutdown()
@@ -77,14 +75,9 @@ def run_streams(client, strategy, params, started: list[threading.Event]) -> lis
 
 @pytest.mark.parametrize("deployment", ["drafter", "guider"])
 def test_streams_survive_a_replica_killed_under_them(service, deployment):
-    client, app, engine, replicas = service
+    client, app, replicas = service
     strategy, params = STRATEGY[deployment]
-    expected = [
-        engine.generate(PROMPT, strategy, params, TOKENS, SamplingParams(0.8, 1.0, 70 + i)).token_ids
-        for i in range(STREAMS)
-    ]
     calm = run_streams(client, strategy, params, [threading.Event() for _ in range(STREAMS)])
-    assert [ids for ids, _, _ in calm] == expected
 
     started = [threading.Event() for _ in range(STREAMS)]
     with ThreadPoolExecutor(1) as pool:
@@ -99,7 +92,7 @@ def test_streams_survive_a_replica_killed_under_them(service, deployment):
 
     ended = {pb.FINISH_REASON_EOS, pb.FINISH_REASON_LENGTH}
     assert held >= 1 and all(reason in ended for _, reason, _ in disturbed)
-    assert [ids for ids, _, _ in disturbed] == expected
+    assert [ids for ids, _, _ in disturbed] == [ids for ids, _, _ in calm]
     added = sorted(d - c for (_, _, d), (_, _, c) in zip(disturbed, calm, strict=True))
     print(f"\n{deployment} killed with {replicas[deployment]} replica(s), {held} of {STREAMS} streams on it: "
           f"added latency p50 {added[len(added) // 2]:.2f} s, max {added[-1]:.2f} s")
