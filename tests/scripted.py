@@ -6,7 +6,8 @@ the position that output predicts, under the engine's conventions:
   bidirectional drafter  every output predicts its own position (logits_shift 0, bidirectional.py)
   AR model / guider      every output predicts the next position (services/ar_guider/guider.py)
 Positions the script does not name get a uniform row. The model appends dummy K/V to the DynamicCache it is given,
-one entry per input token, so the engine's cache lengths and truncations work as on a real model.
+one entry per input token holding that token's position id, so the engine's cache lengths and truncations work as on
+a real model and a test reads which positions a cache holds.
 """
 
 from collections.abc import Mapping
@@ -70,6 +71,7 @@ class ScriptedLM(nn.Module):
         )
         self.inputs: list[int] = []  # tokens through the model, per forward
         self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
+        self.positions: list[tuple[list[int], list[int]]] = []  # (input positions, positions in the cache) per forward
 
     @property
     def device(self) -> torch.device:
@@ -104,8 +106,9 @@ class ScriptedLM(nn.Module):
         self.inputs.append(ids.shape[-1])
         self.calls.append((ids, attention_mask))
         assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
+        self.positions.append((position_ids.flatten().tolist(), cached_positions(past_key_values)))
         if past_key_values is not None:
-            dummy = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
+            dummy = position_ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
             for layer in range(self.config.num_hidden_layers):
                 past_key_values.update(dummy, dummy, layer)
         target = position_ids - self.prompt_len  # [B, Q] generation position of each input
@@ -115,6 +118,13 @@ class ScriptedLM(nn.Module):
         target = torch.where((target >= 0) & (target < unscripted), target, unscripted)
         logits = self.table[target]
         return BaseModelOutputWithPast(last_hidden_state=logits, past_key_values=past_key_values)
+
+
+def cached_positions(cache) -> list[int]:
+    """The position ids a ScriptedLM wrote into a cache, in physical order."""
+    if cache is None or cache.get_seq_length() == 0:
+        return []
+    return cache.layers[0].keys.flatten().long().tolist()
 
 
 class ScriptedTokenizer:

@@ -135,7 +135,8 @@ def cmd_bench(args) -> int:
         for name in strategies:
             if name not in STRATEGIES:
                 raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens)
+        params = parse_sets(args.set)  # for every listed strategy; the baselines keep their own
+        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=dict.fromkeys(strategies, params))
     print(table(rows))
     if args.plot:
         from services.cli.plots import draw_bench
@@ -250,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default there 1,4,16)",
     )
     ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --concurrency or --target")
-    ben.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the --strategy's parameters")
+    ben.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="params of --strategy or each of --strategies"
+    )
     client_flags(ben)
     ben.set_defaults(func=cmd_bench)
 

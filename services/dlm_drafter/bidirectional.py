@@ -6,12 +6,15 @@ Cache modes, refreshed at each new block:
   dual       Fast-dLLM dual cache: a full forward at a block's start, then the block alone over prefix + suffix KV
   freecache  FlashDLM FreeCache (003 §3.2.1): the window [block, suffix] is recomputed over frozen earlier blocks;
              a finished block freezes with the KV of the first forward in which it was fully unmasked
+  vicinity   dInfer vicinity refresh (001 §2.3, App. D): the request's first warmup_times forwards run uncached; then
+             a full forward at a block's start refreshes every position's KV, and the block's other forwards recompute
+             the block widened by prefix_look positions before it and after_look after it over the rest's KV
 Iteration smoothing (001 A.1) mixes the last forward's expected embedding into masked inputs of the block.
 A model with logits_shift s (Dream: 1) predicts position i from its output at i - s: every recomputed window then
 starts s positions before the block, and the cache keeps the physical prefix before that cut.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -22,7 +25,7 @@ from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
 
-CACHE_MODES = ("none", "prefix", "dual", "freecache")
+CACHE_MODES = ("none", "prefix", "dual", "freecache", "vicinity")
 
 
 @dataclass(slots=True)
@@ -35,12 +38,22 @@ class Smoothing:
         return min(self.alpha_init + self.alpha_growth * step, self.alpha_max)
 
 
+@dataclass(frozen=True, slots=True)
+class Vicinity:
+    """The vicinity cache mode's settings (001 App. D: prefix look and after look 16, warmup_times 4)."""
+
+    prefix_look: int = 16
+    after_look: int = 16
+    warmup_times: int = 4
+
+
 @dataclass(slots=True)
 class BlockCache:
     kv: DynamicCache
     block_start: int = -1
     frozen: int = 0  # generation positions [0, frozen) have KV in kv (after the prompt)
     step: int = 0  # forwards within the current block
+    forwards: int = 0  # forwards of the request (dInfer's iter_no): vicinity's warm-up counts them
     last_probs: torch.Tensor | None = None  # [end - start, V] previous forward's distribution over the block
     prefilled: bool = False
 
@@ -56,6 +69,7 @@ class BidirectionalCall:
     state: BlockCache  # the request's cache, owned by the caller; a new request brings BlockCache(DynamicCache())
     cache: str  # one of CACHE_MODES
     smoothing: Smoothing | None
+    vicinity: Vicinity = field(default_factory=Vicinity)  # read by cache "vicinity" only
 
 
 class BidirectionalDrafter:
@@ -105,8 +119,8 @@ class BidirectionalDrafter:
     ) -> tuple[Proposal, int]:
         req, region, state = call.req, call.region, call.state
         P = req.prompt_len
-        if call.cache == "dual" and past == 0:  # keep prefix and suffix of the full forward; order is free
-            drop_range(state.kv, P + region.start - self.shift, P + region.end)
+        if call.cache in ("dual", "vicinity") and past == 0 and cache_len(state.kv):
+            drop_range(state.kv, *self.window(call, P, req.horizon))  # keep the full forward's KV around the window
         elif call.cache in ("prefix", "freecache"):
             state.frozen = region.start
         tokens = len(item.input_ids) - (P if not state.prefilled else 0)
@@ -115,6 +129,7 @@ class BidirectionalDrafter:
         if call.smoothing:
             state.last_probs = torch.softmax(logits, -1)
         state.step += 1
+        state.forwards += 1
         proposal = propose_from_logits(masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id)
         return proposal, tokens
 
@@ -123,17 +138,26 @@ class BidirectionalDrafter:
         state, region = call.state, call.region
         if call.cache == "none" or cache_len(state.kv) == 0:
             return 0, P + end
-        if call.cache == "dual":
-            return P + region.start - self.shift, P + region.end
+        if call.cache in ("dual", "vicinity"):
+            return self.window(call, P, end)
         if call.cache == "prefix":
             return P + region.start - self.shift, P + end
         return P + state.frozen - self.shift, P + end
 
+    def window(self, call: BidirectionalCall, P: int, end: int) -> tuple[int, int]:
+        """Physical [lo, hi) that dual and vicinity recompute over the cache: the block, from the output predicting
+        its first position, widened for vicinity by its look-behind and look-ahead (clipped to prompt + canvas)."""
+        region, looks = call.region, call.vicinity
+        behind, ahead = (looks.prefix_look, looks.after_look) if call.cache == "vicinity" else (0, 0)
+        return max(0, P + region.start - self.shift - behind), min(P + end, P + region.end + ahead)
+
     def kept(self, call: BidirectionalCall, P: int, past: int, new: int) -> int:
-        """How many of the forward's new tokens join the cache (all, for dual's full forward: finish cuts the block)."""
-        if call.cache == "none" or (call.cache == "dual" and past > 0):
+        """How many of the forward's new tokens join the cache (all, for a full forward of dual and vicinity: finish
+        cuts their window; none during vicinity's warm-up)."""
+        warming = call.cache == "vicinity" and call.state.forwards < call.vicinity.warmup_times
+        if call.cache == "none" or warming or (call.cache in ("dual", "vicinity") and past > 0):
             return 0
-        if call.cache == "dual":
+        if call.cache in ("dual", "vicinity"):
             return new
         return P + call.region.start - self.shift - past  # prefix, freecache: the cache ends where the window starts
 
@@ -155,5 +179,5 @@ class BidirectionalDrafter:
 
 def enter_block(state: BlockCache, region: Region, cache: str) -> None:
     state.block_start, state.step, state.last_probs = region.start, 0, None
-    if cache in ("prefix", "dual"):
+    if cache in ("prefix", "dual", "vicinity"):
         truncate(state.kv, 0)  # a full refresh at every new block

@@ -8,7 +8,7 @@ from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, Smoothing
+from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, Smoothing, Vicinity
 from services.dlm_drafter.bidirectional import new_cache as new_block_cache
 from services.dlm_drafter.causal import CausalDrafter
 
@@ -37,17 +37,20 @@ class DrafterHost:
         out = self.causal_drafter().forward_batch(calls)
         return [Reply(logits, tokens) for logits, tokens in out]
 
-    def propose_bidirectional(self, calls: list[tuple[Request, Region, str, Smoothing | None, bool]]) -> list[Reply]:
-        """(request, region, cache mode, smoothing, keep logits) -> Proposal on the bidirectional drafter."""
+    def propose_bidirectional(
+        self, calls: list[tuple[Request, Region, str, Vicinity, Smoothing | None, bool]]
+    ) -> list[Reply]:
+        """(request, region, cache mode, vicinity settings, smoothing, keep logits) -> Proposal on the bidirectional
+        drafter."""
         if self.bidirectional is None:
             raise ValueError("no bidirectional drafter configured (models.drafter_bidirectional)")
         batch = [
-            BidirectionalCall(req, region, self.kv.get(req, new_block_cache), cache, smoothing)
-            for req, region, cache, smoothing, _ in calls
+            BidirectionalCall(req, region, self.kv.get(req, new_block_cache), cache, smoothing, vicinity)
+            for req, region, cache, vicinity, smoothing, _ in calls
         ]
         out = self.bidirectional.propose_batch(batch)
         return [
-            Reply(without_logits(proposal, call[4]), tokens, call[0].generator)
+            Reply(without_logits(proposal, call[5]), tokens, call[0].generator)
             for call, (proposal, tokens) in zip(calls, out, strict=True)
         ]
 

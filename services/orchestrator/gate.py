@@ -1,6 +1,7 @@
 """Gate stage: which proposals become decided this round. Every gate decides at least one token (progress)."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +27,21 @@ def block_state(req: Request, key: str, region: Region, init):
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A gate's confidence threshold at a request's diffusion iteration t (its rounds so far, dInfer's iter_no).
+    With a decay (IterSmooth, 001 A.1) it falls from 1.0 toward the target, max(1 - decay * t, target) as in
+    dInfer's code; without, it is the target."""
+
+    target: float
+    decay: float | None = None
+
+    def at(self, req: Request) -> float:
+        if self.decay is None:
+            return self.target
+        return max(1.0 - self.decay * req.stats.rounds, self.target)
+
+
 class AcceptAll:
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
         return Decision(proposal.positions, proposal.ids, logprobs=proposal.logprobs)
@@ -49,18 +65,18 @@ class TopN:
 class Threshold:
     """Fast-dLLM threshold decoding (001 §2.2): commit every token whose confidence exceeds the threshold."""
 
-    def __init__(self, threshold: float):
-        self.threshold = threshold
+    def __init__(self, threshold: float, decay: float | None = None):
+        self.threshold = Schedule(threshold, decay)
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        return pick(proposal, proposal.probs > self.threshold, proposal.probs)
+        return pick(proposal, proposal.probs > self.threshold.at(req), proposal.probs)
 
 
 class Credit:
     """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C); threshold."""
 
-    def __init__(self, threshold: float, beta: float, gamma: float, alpha: float):
-        self.threshold, self.beta, self.gamma, self.alpha = threshold, beta, gamma, alpha
+    def __init__(self, threshold: float, beta: float, gamma: float, alpha: float, decay: float | None = None):
+        self.threshold, self.beta, self.gamma, self.alpha = Schedule(threshold, decay), beta, gamma, alpha
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
         vocab = proposal.logits.shape[-1]
@@ -76,7 +92,7 @@ class Credit:
         if proposal.logprobs is not None:  # the fused distribution decided
             n = proposal.logprobs.top_ids.shape[-1]
             fused_proposal.logprobs = token_logprobs(fused.log(), ids, n, verified=False)
-        return pick(fused_proposal, conf > self.threshold, conf)
+        return pick(fused_proposal, conf > self.threshold.at(req), conf)
 
 
 class Hierarchical:
@@ -85,11 +101,11 @@ class Hierarchical:
     near). A decided centre splits its span in two, so the masked regions shrink recursively: a block whose tokens
     all clear the lower bound is decoded in about log2(size) forwards, one token per region each forward."""
 
-    def __init__(self, threshold: float, low_threshold: float):
-        self.threshold, self.low = threshold, low_threshold
+    def __init__(self, threshold: float, low_threshold: float, decay: float | None = None):
+        self.threshold, self.low = Schedule(threshold, decay), low_threshold
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        accept = proposal.probs > self.threshold
+        accept = proposal.probs > self.threshold.at(req)
         for span in spans(proposal.positions):
             probs = proposal.probs[span]
             candidates = (probs > self.low).nonzero().squeeze(-1)

@@ -8,7 +8,7 @@ import torch
 from services.common.calls import Call, Stage
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import Smoothing
+from services.dlm_drafter.bidirectional import Smoothing, Vicinity
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +25,10 @@ class BidirectionalPropose:
     cache: str
     smoothing: Smoothing | None = None
     keep_logits: bool = False
+    vicinity: Vicinity = Vicinity()
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        args = (req, region, self.cache, self.smoothing, self.keep_logits)
+        args = (req, region, self.cache, self.vicinity, self.smoothing, self.keep_logits)
         (proposal,) = yield [Call("drafter", "propose_bidirectional", args)]
         return proposal
 

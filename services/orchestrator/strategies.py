@@ -16,7 +16,7 @@ from services.common.calls import Stage
 from services.common.params import parse_value
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing
+from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing, Vicinity
 from services.orchestrator.commit import Commit
 from services.orchestrator.gate import (
     AcceptAll,
@@ -104,17 +104,30 @@ class BlockParams:
     block_size: int = 32
     cache: str = "none"
     smoothing: bool = False
+    threshold_decay: float = 0.02  # with smoothing, the threshold falls from 1.0 by this per round (001 A.1)
+    prefix_look: int = 16  # cache=vicinity: positions recomputed before and after the block (001 App. D)
+    after_look: int = 16
+    warmup_times: int = 4  # cache=vicinity: the request's first forwards run uncached (001 App. D)
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, DRAFTERS)
         check_positive("block_size", self.block_size)
         check_choice("cache", self.cache, CACHE_MODES)
+        check_prob("threshold_decay", self.threshold_decay)
+        for name in ("prefix_look", "after_look", "warmup_times"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def decay(self) -> float | None:
+        """IterSmooth's threshold schedule goes with iteration smoothing (001 A.1)."""
+        return self.threshold_decay if self.smoothing else None
 
     def proposer(self, catalog: Catalog, keep_logits: bool = False) -> Propose:
         need(catalog, "drafter" if self.drafter == "causal" else "drafter_bidirectional")
         if self.drafter == "causal":
             return CausalPropose(keep_logits)
-        return BidirectionalPropose(self.cache, Smoothing() if self.smoothing else None, keep_logits)
+        vicinity = Vicinity(self.prefix_look, self.after_look, self.warmup_times)
+        return BidirectionalPropose(self.cache, Smoothing() if self.smoothing else None, keep_logits, vicinity)
 
     def stages(self, catalog: Catalog, gate: Gate, verify: Verify | None = None, *roles: str) -> Stages:
         commit = Commit("block", self.block_size)
@@ -144,7 +157,7 @@ class ThresholdParams(BlockParams):
         check_prob("threshold", self.threshold)
 
     def build(self, catalog: Catalog) -> Stages:
-        return self.stages(catalog, Threshold(self.threshold))
+        return self.stages(catalog, Threshold(self.threshold, self.decay()))
 
 
 @dataclass(slots=True)
@@ -164,7 +177,7 @@ class CreditParams(BlockParams):
 
     def build(self, catalog: Catalog) -> Stages:
         propose = self.proposer(catalog, keep_logits=True)  # credits fuse the whole distribution
-        gate = Credit(self.threshold, self.beta, self.gamma, self.alpha)
+        gate = Credit(self.threshold, self.beta, self.gamma, self.alpha, self.decay())
         return Stages(propose, gate, Commit("block", self.block_size), roles=("drafter",))
 
 
@@ -181,7 +194,7 @@ class HierarchicalParams(BlockParams):
         check_prob("low_threshold", self.low_threshold)
 
     def build(self, catalog: Catalog) -> Stages:
-        return self.stages(catalog, Hierarchical(self.threshold, self.low_threshold))
+        return self.stages(catalog, Hierarchical(self.threshold, self.low_threshold, self.decay()))
 
 
 @dataclass(slots=True)

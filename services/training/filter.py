@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from services.common.config import EngineConfig
 from services.common.proposal import Region
+from services.dlm_drafter.bidirectional import Vicinity
 from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
 from services.orchestrator.engine import Engine
 from services.training import tasks
@@ -74,7 +75,7 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
     for start in range(0, end, cfg.block_size):
         region = Region(start, min(start + cfg.block_size, end))
         while not req.decided[region.start : region.end].all():
-            proposal = drafter.propose_bidirectional([(req, region, "none", None, False)])[0].value
+            proposal = drafter.propose_bidirectional([(req, region, "none", Vicinity(), None, False)])[0].value
             rel = proposal.positions - start
             confidence = torch.ones(region.end - region.start)
             confidence[rel] = proposal.probs

@@ -1,5 +1,6 @@
-"""Bidirectional drafter: cache modes over the same block agree with a full forward where inputs are unchanged, and a
-padded batch over requests (any mix of cache modes, smoothing, prompts, blocks) equals their proposals one by one."""
+"""Bidirectional drafter: cache modes over the same block agree with a full forward where inputs are unchanged, a
+padded batch over requests (any mix of cache modes, smoothing, prompts, blocks) equals their proposals one by one, and
+vicinity refresh recomputes exactly the positions dInfer's description says."""
 
 from dataclasses import dataclass, replace
 
@@ -17,6 +18,7 @@ from services.dlm_drafter.bidirectional import (
     BidirectionalDrafter,
     BlockCache,
     Smoothing,
+    Vicinity,
 )
 from services.dlm_drafter.host import DrafterHost
 
@@ -24,25 +26,28 @@ from services.dlm_drafter.host import DrafterHost
 class Serial:
     """One request at a time through the drafter host, as a propose stage calls it; counts what the engine counts."""
 
-    def __init__(self, loaded: LoadedModel, cache: str, smoothing: Smoothing | None):
-        self.host, self.cache, self.smoothing = DrafterHost(None, loaded, 10**6), cache, smoothing
+    def __init__(self, loaded: LoadedModel, cache: str, smoothing: Smoothing | None, vicinity: Vicinity):
+        self.host = DrafterHost(None, loaded, 10**6)
+        self.cache, self.smoothing, self.vicinity = cache, smoothing, vicinity
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        reply = self.host.propose_bidirectional([(req, region, self.cache, self.smoothing, True)])[0]
+        reply = self.host.propose_bidirectional([(req, region, self.cache, self.vicinity, self.smoothing, True)])[0]
         req.stats.drafter_forwards += 1
         req.stats.drafter_tokens_processed += reply.tokens
         return reply.value
 
 
-def serial(loaded: LoadedModel, cache: str = "none", smoothing: Smoothing | None = None) -> Serial:
-    return Serial(loaded, cache, smoothing)
+def serial(
+    loaded: LoadedModel, cache: str = "none", smoothing: Smoothing | None = None, vicinity: Vicinity | None = None
+) -> Serial:
+    return Serial(loaded, cache, smoothing, vicinity or Vicinity())
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual", "freecache"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "freecache", "vicinity"])
 def test_cached_block_forward_matches_full_forward(tiny_zoo, cache):
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
     assert loaded.bidirectional
-    full, cached = serial(loaded, "none"), serial(loaded, cache)
+    full, cached = serial(loaded, "none"), serial(loaded, cache, vicinity=Vicinity(2, 3, 0))
     req = Request("r", [5, 9, 11, 7], 24, loaded.mask_id, loaded.eos_id)
     req.decide(torch.arange(8), torch.arange(30, 38))
     region = Region(8, 16)
@@ -105,6 +110,7 @@ class Spec:
 
 PROMPTS = [[5, 9, 11], [5, 9, 11, 7, 3], [40, 41, 42, 43, 44, 45, 46, 47], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
 BLOCKS = [4, 6, 8, 4]
+VICINITY = Vicinity(prefix_look=2, after_look=3, warmup_times=1)  # windows smaller than these short sequences
 
 
 def specs_for(modes: list[str]) -> list[Spec]:
@@ -138,7 +144,8 @@ def decode(loaded: LoadedModel, specs: list[Spec], batched: bool, rounds: int = 
         for req, spec, state in zip(reqs, specs, states, strict=True):
             region = region_of(req, spec.block)
             if region is not None:
-                calls.append(BidirectionalCall(req, region, state, spec.cache, Smoothing() if spec.smoothing else None))
+                smoothing = Smoothing() if spec.smoothing else None
+                calls.append(BidirectionalCall(req, region, state, spec.cache, smoothing, VICINITY))
         results = drafter.propose_batch(calls) if batched else [drafter.propose_batch([c])[0] for c in calls]
         history.append(results)
         for call, (proposal, _) in zip(calls, results, strict=True):
@@ -158,6 +165,7 @@ def assert_batch_equals_one_by_one(loaded: LoadedModel, specs: list[Spec]) -> No
             assert b_tokens == a_tokens
     for b, a in zip(batched_states, alone_states, strict=True):
         assert (cache_len(b.kv), b.block_start, b.frozen, b.step) == (cache_len(a.kv), a.block_start, a.frozen, a.step)
+        assert b.forwards == a.forwards
 
 
 @pytest.mark.parametrize("cache", CACHE_MODES)
@@ -181,6 +189,9 @@ def test_decode_scenario_covers_block_changes_and_uneven_caches(tiny_zoo):
     assert all(state.block_start > 0 for state in states)  # every request entered a new block
     assert len({cache_len(state.kv) for state in states}) > 3  # past caches of many lengths: padding in the batch
     assert any(state.frozen > 0 for state, spec in zip(states, specs, strict=True) if spec.cache == "freecache")
+    for state, spec in zip(states, specs, strict=True):
+        if spec.cache == "vicinity":  # past its warm-up: the cache holds the sequence less the window around the block
+            assert state.forwards > VICINITY.warmup_times and 0 < cache_len(state.kv) < len(spec.prompt) + 20
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
