@@ -70,6 +70,7 @@ class ScriptedLM(nn.Module):
         )
         self.inputs: list[int] = []  # tokens through the model, per forward
         self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
+        self.pasts: list[list[int]] = []  # the cache's tokens before each forward (its dummy K/V are the ids)
 
     @property
     def device(self) -> torch.device:
@@ -105,6 +106,8 @@ class ScriptedLM(nn.Module):
         self.calls.append((ids, attention_mask))
         assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
         if past_key_values is not None:
+            cached = past_key_values.layers[0].keys[0, 0, :, 0] if past_key_values.get_seq_length() else torch.empty(0)
+            self.pasts.append(cached.long().tolist())
             dummy = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
             for layer in range(self.config.num_hidden_layers):
                 past_key_values.update(dummy, dummy, layer)
