@@ -72,6 +72,7 @@ class ScriptedLM(nn.Module):
         self.inputs: list[int] = []  # tokens through the model, per forward
         self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
         self.positions: list[tuple[list[int], list[int]]] = []  # (input positions, positions in the cache) per forward
+        self.pasts: list[list[int]] = []  # the cache's tokens before each forward
 
     @property
     def device(self) -> torch.device:
@@ -108,9 +109,12 @@ class ScriptedLM(nn.Module):
         assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
         self.positions.append((position_ids.flatten().tolist(), cached_positions(past_key_values)))
         if past_key_values is not None:
-            dummy = position_ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]
+            cached = past_key_values.layers[0].keys[0, 0, :, 0] if past_key_values.get_seq_length() else torch.empty(0)
+            self.pasts.append(cached.long().tolist())
+            keys = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]: the dummy K are the token ids
+            values = position_ids.to(self.dtype)[:, None, :, None]  # and the dummy V their position ids
             for layer in range(self.config.num_hidden_layers):
-                past_key_values.update(dummy, dummy, layer)
+                past_key_values.update(keys, values, layer)
         target = position_ids - self.prompt_len  # [B, Q] generation position of each input
         if not self.bidirectional:
             target = target + (ids != MASK).long()
@@ -124,7 +128,7 @@ def cached_positions(cache) -> list[int]:
     """The position ids a ScriptedLM wrote into a cache, in physical order."""
     if cache is None or cache.get_seq_length() == 0:
         return []
-    return cache.layers[0].keys.flatten().long().tolist()
+    return cache.layers[0].values.flatten().long().tolist()
 
 
 class ScriptedTokenizer:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from services.common.kv import cache_len, truncate
+from services.common.kv import append, cache_len, truncate
 
 
 @dataclass(slots=True)
@@ -25,6 +25,7 @@ class Item:
     groups: torch.Tensor | None = None  # [q] span id per new token; -1 = sees everything before it
     embeds: torch.Tensor | None = None  # [q, H] input embeddings in place of input_ids' (iteration smoothing)
     wanted: slice | None = None  # the new tokens whose logits the caller reads (None: all): the head runs on these
+    rest: DynamicCache | None = None  # where given, receives the KV of the new tokens past keep
 
 
 def attention_mask(items: list[Item], causal: bool = True) -> torch.Tensor:
@@ -71,8 +72,10 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
         past_key_values=packed,
         use_cache=True,
     )
-    for item, start in zip(items, starts, strict=False):
-        extend(item.cache, packed, past + start, item.keep)
+    for item, start, end in zip(items, starts, starts[1:], strict=False):
+        append(item.cache, packed, slice(past + start, past + start + item.keep))
+        if item.rest is not None:
+            append(item.rest, packed, slice(past + start + item.keep, past + end))
     hidden = [out.last_hidden_state[0, start:end] for start, end in zip(starts, starts[1:], strict=False)]
     return head(model, hidden, items)
 
@@ -91,6 +94,8 @@ def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
         past_key_values=item.cache,
         use_cache=True,
     )
+    if item.rest is not None:
+        append(item.rest, item.cache, slice(past + item.keep, past + n))
     truncate(item.cache, past + item.keep)
     return head(model, [out.last_hidden_state[0]], [item])[0]
 
@@ -120,14 +125,3 @@ def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[t
         return empty, empty
     return cache.layers[layer].keys, cache.layers[layer].values
 
-
-def extend(cache: DynamicCache, packed: DynamicCache, start: int, keep: int) -> None:
-    """Append the packed cache's entries [start, start + keep) (the item's first `keep` new ones) to its own cache."""
-    for layer in range(len(packed.layers)):
-        k = packed.layers[layer].keys[:, :, start : start + keep]
-        v = packed.layers[layer].values[:, :, start : start + keep]
-        if len(cache.layers) > layer and cache.layers[layer].is_initialized:
-            cache.layers[layer].keys = torch.cat([cache.layers[layer].keys, k], dim=-2)
-            cache.layers[layer].values = torch.cat([cache.layers[layer].values, v], dim=-2)
-        else:
-            cache.update(k, v, layer)

@@ -4,6 +4,11 @@ Physical layout of every forward: [cached: prompt, commits in commit order] [pen
 Position ids are always logical (002 §4.1, 000 §4.1). Only the prompt and committed tokens keep their KV, computed
 exactly once, in the first forward where they stand physically in commit order; everything after is recomputed.
 A mask's output predicts its own token; a clean token's output predicts the next logical token.
+
+ReFusion's KV reuse (000 §4.2, C.3): a forward asked to stage its new tokens' KV keeps it on this replica; the commits
+made before the request's next forward take that KV instead of being recomputed as pending commits. A token staged
+inside an isolated span attended to the cache and its span only, not to the slots committed with it: the paper's
+approximation. Staged KV lives one round: the next forward of the request uses what it can and drops it.
 """
 
 from dataclasses import dataclass
@@ -12,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from services.common.batch import Item, forward
-from services.common.kv import cache_len
+from services.common.kv import append, cache_len
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
@@ -20,9 +25,19 @@ from services.common.request import Request
 
 
 @dataclass(slots=True)
+class Staged:
+    kv: DynamicCache  # one entry per staged token
+    positions: list[int]  # generation position of each entry
+    ids: list[int]  # the token each entry was computed from
+    order: int  # len(req.order) when staged: only the commits made after it may take these entries
+    round: int  # req.stats.rounds when staged: only the next round's first forward may take them
+
+
+@dataclass(slots=True)
 class CausalCache:
     kv: DynamicCache
     committed: int = 0  # how many of req.order are in kv
+    staged: Staged | None = None
 
 
 def new_cache() -> CausalCache:
@@ -41,10 +56,14 @@ class CausalDrafter:
         self.model = loaded.model
         self.kv = kv
 
-    def item(self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None):
-        """ids [L] at generation positions [L], preceded by the commits (and, first time, the prompt) not yet cached.
+    def item(
+        self, req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None, stage: bool = False
+    ):
+        """ids [L] at generation positions [L], preceded by the commits (and, first time, the prompt) not yet cached;
+        stage: keep the KV of ids for the next forward (000 §4.2 KV reuse).
         -> the forward's Item, and the token instances it processes past the prompt's prefill (p_cache's N_fwd)."""
         cache = self.kv.get(req, new_cache)
+        reuse_staged(cache, req)
         pending = req.order[cache.committed :]
         prefix_ids = req.tokens[pending].tolist()
         prefix_pos = [req.prompt_len + p for p in pending]
@@ -57,11 +76,16 @@ class CausalDrafter:
         if groups is not None:
             groups = torch.cat([torch.full((n,), -1), groups])
         pos = prefix_pos + (positions + req.prompt_len).tolist()
-        return Item(cache.kv, prefix_ids + ids.tolist(), pos, n, groups, wanted=slice(n, None)), processed
+        rest = None
+        if stage:
+            rest = DynamicCache()
+            cache.staged = Staged(rest, positions.tolist(), ids.tolist(), len(req.order), req.stats.rounds)
+        item = Item(cache.kv, prefix_ids + ids.tolist(), pos, n, groups, wanted=slice(n, None), rest=rest)
+        return item, processed
 
     def forward_batch(self, calls: list[tuple]) -> list[tuple[torch.Tensor, int]]:
-        """calls: (req, ids [L], positions [L], groups [L] | None) -> (logits [L, V], tokens processed) each, in one
-        padded forward.
+        """calls: (req, ids [L], positions [L], groups [L] | None[, stage]) -> (logits [L, V], tokens processed)
+        each, in one padded forward.
 
         groups, when given, isolate spans from each other: each sees the cache and its own span, causally.
         """
@@ -82,3 +106,21 @@ class CausalDrafter:
             (propose_from_logits(masked, out[n:], req.sampling, req.generator, req.mask_id), tokens)
             for (req, _, _, _, n, masked), (out, tokens) in zip(inputs, outs, strict=True)
         ]
+
+
+def reuse_staged(cache: CausalCache, req: Request) -> None:
+    """Move into the cache the staged KV of the commits made since it was staged, in commit order, as far as the
+    staged entries hold them with the token they were computed from; the commits past that stay pending."""
+    staged, cache.staged = cache.staged, None
+    if staged is None or staged.order != cache.committed or staged.round + 1 != req.stats.rounds:
+        return
+    where = {p: i for i, p in enumerate(staged.positions)}
+    take = []
+    for p in req.order[cache.committed :]:
+        i = where.get(p)
+        if i is None or staged.ids[i] != int(req.tokens[p]):
+            break  # e.g. a token the gate replaced after the forward: its KV, and every later commit's, is recomputed
+        take.append(i)
+    if take:
+        append(cache.kv, staged.kv, torch.tensor(take))
+        cache.committed += len(take)

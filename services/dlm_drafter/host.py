@@ -32,8 +32,11 @@ class DrafterHost:
             for (req, _, keep), (proposal, tokens) in zip(calls, out, strict=True)
         ]
 
-    def forward(self, calls: list[tuple[Request, torch.Tensor, torch.Tensor, torch.Tensor | None]]) -> list[Reply]:
-        """(request, ids, positions, groups) -> logits: slot verification and completion on the causal drafter."""
+    def forward(
+        self, calls: list[tuple[Request, torch.Tensor, torch.Tensor, torch.Tensor | None, bool]]
+    ) -> list[Reply]:
+        """(request, ids, positions, groups, stage KV) -> logits: slot verification and completion on the causal
+        drafter; a staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
         out = self.causal_drafter().forward_batch(calls)
         return [Reply(logits, tokens) for logits, tokens in out]
 

@@ -6,6 +6,10 @@ order (Eq. 7); the longest prefix with every probability > tau_token is kept, an
 are decided. Otherwise completion rounds follow (Eq. 8-9): each selected slot, isolated from the others, keeps its
 verified prefix and re-predicts the rest, until every selected slot is complete. Completed slots are committed in
 commit order, ahead of the remaining masks, with their logical position ids.
+
+KV (000 §4.2, C.3, Table 8): with `reuse`, the default, the verification forward that accepts a slot leaves its KV on
+the drafter, and the commit takes it as it is; `recompute` recomputes the committed slots in the next forward, after
+every commit before them (Table 8's "w/ KV Re-computation").
 """
 
 from dataclasses import dataclass
@@ -31,8 +35,13 @@ class SlotWork:
         return torch.cat([torch.arange(s, s + len(d)) for s, d in zip(self.starts, self.drafts, strict=True)])
 
 
-def drafter_forward(req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None) -> Call:
-    return Call("drafter", "forward", (req, ids, positions, groups))
+KV_MODES = ("reuse", "recompute")
+
+
+def drafter_forward(
+    req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None, stage: bool = False
+) -> Call:
+    return Call("drafter", "forward", (req, ids, positions, groups, stage))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +98,18 @@ def empty_proposal() -> Proposal:
     return Proposal(none, none, torch.empty(0), torch.empty(0), torch.empty(0, 0))
 
 
+@dataclass(frozen=True, slots=True)
 class SlotVerify:
     """The drafter itself, causally: the output at draft token j gives the probability of token j + 1."""
+
+    kv_reuse: bool = True  # the slots this forward accepts keep its KV (000 §4.2)
 
     def __call__(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
         work: SlotWork = req.state["slots"]
         draft, positions = torch.cat(work.drafts), work.positions()
         groups = torch.cat([torch.full((len(d),), i) for i, d in enumerate(work.drafts)])
-        (logits,) = yield [drafter_forward(req, draft, positions, groups if work.completing else None)]
+        call = drafter_forward(req, draft, positions, groups if work.completing else None, self.kv_reuse)
+        (logits,) = yield [call]
         probs = torch.softmax(logits, -1).cpu()  # [T, V]
         draft_probs = torch.empty(len(draft))
         draft_probs[1:] = probs[:-1].gather(-1, draft[1:, None]).squeeze(-1)

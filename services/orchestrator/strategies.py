@@ -29,7 +29,7 @@ from services.orchestrator.gate import (
     TopN,
 )
 from services.orchestrator.propose import ARPropose, BidirectionalPropose, CausalPropose
-from services.orchestrator.slots import SlotGate, SlotPropose, SlotVerify
+from services.orchestrator.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
 from services.orchestrator.verify import FilterVerify, GuiderVerify
 
 Propose = Callable[[Request, Region], Stage[Proposal]]
@@ -233,6 +233,7 @@ class SlotParams:
     block_size: int = 128
     slot_threshold: float = 0.9
     token_threshold: float = 0.4
+    kv: str = "reuse"  # 000 §4.2; "recompute" is Table 8's w/ KV Re-computation
 
     def __post_init__(self):
         check_positive("slot_size", self.slot_size)
@@ -241,6 +242,7 @@ class SlotParams:
             raise ValueError(f"slot_size {self.slot_size} must divide block_size {self.block_size}")
         check_prob("slot_threshold", self.slot_threshold)
         check_prob("token_threshold", self.token_threshold)
+        check_choice("kv", self.kv, KV_MODES)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter")
@@ -248,7 +250,7 @@ class SlotParams:
             SlotPropose(self.slot_size, self.slot_threshold),
             SlotGate(self.token_threshold),
             Commit("block", self.block_size, order="slot"),
-            SlotVerify(),
+            SlotVerify(self.kv == "reuse"),
             roles=("drafter",),
         )
 
