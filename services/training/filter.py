@@ -203,7 +203,8 @@ def train(cfg: FilterTrainConfig, engine: Engine | None = None) -> dict:
 def card(report: dict, cfg: FilterTrainConfig) -> str:
     val, train = report["val"], report["train"]
     name = os.path.basename(os.path.normpath(cfg.out))
-    reference = " ".join([f"`{cfg.reference}`", *(f"{k}={v}" for k, v in cfg.reference_params.items())])
+    reference = " ".join([cfg.reference, *(f"{k}={v}" for k, v in cfg.reference_params.items())])
+    drafter = cfg.models["drafter" if cfg.drafter == "causal" else "drafter_bidirectional"]
     return f"""# {name}
 
 Learn2PD filter (004 §3.2) of the **{cfg.drafter}** drafter: a 2-layer MLP ({cfg.block_size} -> {cfg.hidden_size} ->
@@ -211,7 +212,7 @@ Learn2PD filter (004 §3.2) of the **{cfg.drafter}** drafter: a 2-layer MLP ({cf
 per-position accept logits; accept when sigmoid > {cfg.threshold}.
 
 ## Training
-- trajectories: Extremely Greedy Parallel (004 §3.1.3) on `{cfg.models}`, reference = the {reference} decode,
+- trajectories: Extremely Greedy Parallel (004 §3.1.3) on `{drafter}`; reference answer: the `{reference}` decode,
   continued with EOS to the end of its EOS's block (the end-of-text region, 004 §3.3); blocks of {cfg.block_size};
   {cfg.prompts_per_family} train prompts per family of {", ".join(cfg.families)}; {report["rows"]["train"]} train /
   {report["rows"]["val"]} validation steps; {report["positive_rate"]:.1%} of masked positions were already right
