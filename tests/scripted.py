@@ -19,6 +19,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta
+from services.filter.host import ROLES as FILTER_ROLES
 from services.filter.host import FilterHost
 from services.orchestrator.engine import Engine
 from services.orchestrator.pool import ModelPool
@@ -150,15 +151,17 @@ class ScriptedTokenizer:
 ROLES_BIDIRECTIONAL = {"drafter_bidirectional"}
 
 
-def scripted_engine(models: dict[str, ScriptedLM], max_new_tokens: int, filter_model=None) -> Engine:
+def scripted_engine(models: dict[str, ScriptedLM], max_new_tokens: int, filters: dict | None = None) -> Engine:
     """An in-process engine whose model pool holds the scripted models by role (drafter, drafter_bidirectional,
-    guider, ar) and, when given, a filter (anything with the Learn2PD filter's accept_probs_batch and config)."""
-    roles = [*models, *(["filter"] if filter_model is not None else [])]
+    guider, ar) and, when given, filters by drafter family (anything with the Learn2PD filter's accept_probs_batch
+    and config)."""
+    filters = filters or {}
+    roles = [*models, *(FILTER_ROLES[family] for family in filters)]
     config = EngineConfig(models={role: f"scripted/{role}" for role in roles}, max_new_tokens=max_new_tokens)
     pool = ModelPool(config)
     for role, model in models.items():
         meta = ModelMeta(f"scripted/{role}", ScriptedTokenizer(), MASK, EOS, 512, role in ROLES_BIDIRECTIONAL)
         pool.loaded[role] = LoadedModel(model, meta)
-    if filter_model is not None:
-        pool.hosts["filter"] = FilterHost(filter_model)
+    if filters:
+        pool.hosts["filter"] = FilterHost(filters.get("causal"), filters.get("bidirectional"))
     return Engine(config, pool)

@@ -61,7 +61,8 @@ def causal_lm(path: str, tok: PreTrainedTokenizerFast, seed: int, family: str | 
 
 
 def zoo(root: str) -> dict[str, str]:
-    """Write a causal drafter, a bidirectional drafter, a guider, an AR baseline and a filter under root."""
+    """Write a causal drafter, a bidirectional drafter, a guider, an AR baseline and a filter per drafter family
+    under root."""
     tok = tokenizer(os.path.join(root, "tokenizer"))
     paths = {
         "drafter": causal_lm(os.path.join(root, "drafter"), tok, 1, "causal"),
@@ -70,6 +71,7 @@ def zoo(root: str) -> dict[str, str]:
         "ar": causal_lm(os.path.join(root, "ar"), tok, 4, None),
     }
     torch.manual_seed(5)
-    Learn2PDFilter(FilterConfig()).save(os.path.join(root, "filter"))
-    paths["filter"] = os.path.join(root, "filter")
+    for role in ("filter", "filter_bidirectional"):
+        Learn2PDFilter(FilterConfig()).save(os.path.join(root, role))
+        paths[role] = os.path.join(root, role)
     return paths

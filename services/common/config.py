@@ -11,7 +11,7 @@ import yaml
 
 from services.common.config_keys import check_fields, check_keys, env_overrides, given, merge
 
-ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter")
+ROLES = ("drafter", "drafter_bidirectional", "guider", "ar", "filter", "filter_bidirectional")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs", "dlm.yaml")
 API_KEY_ENV = "DLM_API_KEY"  # the bearer token clients must send, when serving.api_key_file is not set
 REDIS_PASSWORD_ENV = "DLM_REDIS_PASSWORD"  # the cache index's Redis password (not REDIS_PASSWORD: KubeRay sets that)

@@ -1,11 +1,10 @@
-"""Ray Serve deployment of the Learn2PD filter: a FilterHost on its replica."""
+"""Ray Serve deployment of the Learn2PD filters: a FilterHost on its replica, with each configured family's filter."""
 
 import torch
 from ray import serve
 
 from services.common.config import EngineConfig, replica_threads
-from services.filter.host import FilterHost
-from services.filter.model import Learn2PDFilter
+from services.filter.host import FilterHost, configured_filters
 from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.replica import ReplicaHost
 
@@ -15,8 +14,9 @@ class FilterDeployment(ReplicaHost, FilterHost):
     def __init__(self, config: dict):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
-        super().__init__(Learn2PDFilter.load(cfg.path("filter")))
+        super().__init__(*configured_filters(cfg.models))
         self.start_telemetry()
 
     def check_health(self) -> None:
-        self.model(torch.zeros(1, self.model.config.block_size))
+        for f in self.filters.values():
+            f(torch.zeros(1, f.config.block_size))

@@ -1,4 +1,5 @@
-"""Learn2PD filter (004 §3.2): a 2-layer MLP from a block's confidences to per-position accept logits."""
+"""Learn2PD filter (004 §3.2): a 2-layer MLP from a block's confidences to per-position accept logits. Each drafter
+family has its own (services/filter/host.py): a filter learns the confidences of the drafter that trained it."""
 
 import json
 import os
@@ -24,7 +25,7 @@ def pad_blocks(confidences: list[torch.Tensor], block_size: int) -> torch.Tensor
 @dataclass(slots=True)
 class FilterConfig:
     block_size: int = 32  # 004 §4.1 block length
-    hidden_size: int = 128
+    hidden_size: int = 32  # 004 §4: 2,112 parameters at block 32, i.e. (32 * 32 + 32) + (32 * 32 + 32)
     threshold: float = 0.96  # 004 §4.3, on sigmoid(logit)
 
     def __post_init__(self):

@@ -129,7 +129,7 @@ def build_app(args: dict | None = None):
         handles["guider"] = GuiderDeployment.options(**options("guider", pinned)).bind(config, "guider")
     if "ar" in cfg.models:
         handles["ar"] = GuiderDeployment.options(**options("ar", pinned)).bind(config, "ar")
-    if "filter" in cfg.models:
+    if {"filter", "filter_bidirectional"} & set(cfg.models):  # one deployment hosts both families' filters
         filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
         handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO

@@ -7,11 +7,11 @@ from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta, load_model
 from services.common.tracing import stage_spans
 from services.dlm_drafter.host import DrafterHost
-from services.filter.host import FilterHost
-from services.filter.model import Learn2PDFilter
+from services.filter.host import FilterHost, configured_filters
 from services.orchestrator.loop import Groups, Parents, Results
 
 Host = DrafterHost | GuiderHost | FilterHost
+HOSTS = {"drafter_bidirectional": "drafter", "filter_bidirectional": "filter"}  # roles another role's host serves
 
 
 class ModelPool:
@@ -40,11 +40,11 @@ class ModelPool:
             bidirectional = self.load("drafter_bidirectional") if "drafter_bidirectional" in models else None
             return DrafterHost(causal, bidirectional, budget)
         if role == "filter":
-            return FilterHost(Learn2PDFilter.load(self.config.path("filter")))
+            return FilterHost(*configured_filters(self.config.models))
         return GuiderHost(self.load("drafter" if role == "drafter_ar" else role), budget)
 
-    def filter_block_size(self) -> int:
-        return self.host("filter").block_size()
+    def filter_block_size(self, drafter: str) -> int:
+        return self.host("filter").block_sizes()[drafter]
 
     def execute(self, groups: Groups, parents: Parents = None) -> Results:
         results: Results = {}
@@ -66,7 +66,7 @@ class ModelPool:
     def load_all(self) -> None:
         """Load every configured model now rather than on first use."""
         for role in self.roles:
-            self.host("drafter" if role == "drafter_bidirectional" else role)
+            self.host(HOSTS.get(role, role))
 
     async def start(self) -> None:
         """A server's start: every model loaded, off the event loop."""

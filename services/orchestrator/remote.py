@@ -39,7 +39,7 @@ class RemoteHosts:
         self.placement = Placement(kv, live_replicas, config.serving.kv_budget_tokens)
         self.roles = frozenset(config.models)  # AR decoding on the drafter (drafter_ar) runs in process only
         self.metadata: ModelMeta | None = None
-        self.block_size: int | None = None
+        self.block_sizes: dict[str, int] = {}  # drafter family -> its filter's block
         self.batches: dict[str, Counter[int]] = {role: Counter() for role in handles}  # batch size -> calls
         self.resuming: set[str] = set()  # requests whose replica was lost and that wait for another
 
@@ -123,10 +123,10 @@ class RemoteHosts:
         for replica, ids in held.items():
             self.handles[deployment].release.remote(ids, replica=replica)
 
-    def filter_block_size(self) -> int:
-        if self.block_size is None:
-            raise ValueError("model 'filter' is not served here")
-        return self.block_size
+    def filter_block_size(self, drafter: str) -> int:
+        if drafter not in self.block_sizes:
+            raise ValueError(f"no filter for the {drafter} drafter is served here")
+        return self.block_sizes[drafter]
 
     async def start(self, timeout_s: float = 600.0) -> None:
         """Wait until every deployment is healthy."""
@@ -141,7 +141,7 @@ class RemoteHosts:
                         raise
                     await asyncio.sleep(0.5)
         if "filter" in self.handles:
-            self.block_size = await self.handles["filter"].block_size.remote()
+            self.block_sizes = await self.handles["filter"].block_sizes.remote()
 
     def meta(self) -> ModelMeta:
         if self.metadata is None:

@@ -17,6 +17,7 @@ from services.common.params import parse_value
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing, Vicinity
+from services.filter.host import ROLES as FILTER_ROLES
 from services.orchestrator.commit import Commit
 from services.orchestrator.gate import (
     AcceptAll,
@@ -42,7 +43,7 @@ class Catalog(Protocol):
 
     roles: frozenset[str]  # the configured model roles, and drafter_ar where the causal drafter decodes AR
 
-    def filter_block_size(self) -> int: ...
+    def filter_block_size(self, drafter: str) -> int: ...
 
 
 @dataclass(slots=True)
@@ -61,10 +62,11 @@ def need(catalog: Catalog, *roles: str) -> None:
             raise ValueError(f"model {role!r} is not served here (served: {served})")
 
 
-def check_filter_block(catalog: Catalog, name: str, size: int) -> None:
-    need(catalog, "filter")
-    if size > catalog.filter_block_size():
-        raise ValueError(f"{name} {size} exceeds the filter's block of {catalog.filter_block_size()}")
+def check_filter_block(catalog: Catalog, drafter: str, name: str, size: int) -> None:
+    """The filter of the drafter's family (each is trained on its own drafter's confidences) reads the block."""
+    need(catalog, FILTER_ROLES[drafter])
+    if size > catalog.filter_block_size(drafter):
+        raise ValueError(f"{name} {size} exceeds the filter's block of {catalog.filter_block_size(drafter)}")
 
 
 def check_prob(name: str, value: float) -> None:
@@ -206,8 +208,8 @@ class Learn2PDParams(BlockParams):
         check_prob("filter_threshold", self.filter_threshold)
 
     def build(self, catalog: Catalog) -> Stages:
-        check_filter_block(catalog, "block_size", self.block_size)
-        return self.stages(catalog, FilterGate(self.filter_threshold), FilterVerify())
+        check_filter_block(catalog, self.drafter, "block_size", self.block_size)
+        return self.stages(catalog, FilterGate(self.filter_threshold), FilterVerify(self.drafter))
 
 
 @dataclass(slots=True)
@@ -288,9 +290,9 @@ class PipelineParams:
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
-        check_filter_block(catalog, "window", self.window)
+        check_filter_block(catalog, "causal", "window", self.window)
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
-        verify = GuiderVerify(self.top_k_match, with_filter=True)
+        verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
         return Stages(CausalPropose(), gate, Commit("window", self.window), verify, ("drafter", "guider"))
 
 

@@ -12,13 +12,15 @@ import torch
 from services.common.calls import Call, Stage
 from services.common.proposal import Proposal, Region, Verdict
 from services.common.request import Request
+from services.filter.host import METHODS as FILTER_METHODS
 
 
-def filter_call(region: Region, proposal: Proposal) -> Call:
-    """The filter reads the whole region's confidences (004 Alg. 2): decided positions count as certain."""
+def filter_call(drafter: str, region: Region, proposal: Proposal) -> Call:
+    """The filter of the proposing drafter's family reads the whole region's confidences (004 Alg. 2): decided
+    positions count as certain."""
     confidence = torch.ones(region.end - region.start)
     confidence[proposal.positions - region.start] = proposal.probs
-    return Call("filter", "accept_probs", (confidence,))
+    return Call("filter", FILTER_METHODS[drafter], (confidence,))
 
 
 def proposal_scores(scores: torch.Tensor, region: Region, proposal: Proposal) -> torch.Tensor:
@@ -29,15 +31,16 @@ def proposal_scores(scores: torch.Tensor, region: Region, proposal: Proposal) ->
 @dataclass(frozen=True, slots=True)
 class GuiderVerify:
     top_k: int
-    with_filter: bool = False  # the pipeline: filter scores decide which drafts past the agreement stay as context
+    filter_drafter: str | None = None  # the pipeline: the drafter family whose filter scores decide which drafts
+    # past the agreement stay as context
 
     def __call__(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
         start = req.frontier
         draft = req.tokens.clone()
         draft[proposal.positions] = proposal.ids
         calls = [Call("guider", "verify", (req, start, draft[start : region.end], self.top_k))]
-        if self.with_filter:
-            calls.append(filter_call(region, proposal))
+        if self.filter_drafter:
+            calls.append(filter_call(self.filter_drafter, region, proposal))
         verdict, *scores = yield calls
         if scores:
             verdict.filter_scores = proposal_scores(scores[0], region, proposal)
@@ -48,8 +51,10 @@ class GuiderVerify:
 class FilterVerify:
     """Learn2PD (004 Alg. 2): the filter's scores are the verdict; the drafter's proposal stands as the draft."""
 
+    drafter: str  # the proposing drafter's family, whose filter scores it
+
     def __call__(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
-        (scores,) = yield [filter_call(region, proposal)]
+        (scores,) = yield [filter_call(self.drafter, region, proposal)]
         ids, probs = proposal.ids, proposal.probs
         verdict = Verdict(proposal.positions, ids, ids, ids[:, None], probs, probs)
         verdict.filter_scores = proposal_scores(scores, region, proposal)

@@ -1,52 +1,68 @@
-"""Train the Learn2PD filter (004 §3.2, Alg. 1) on Extremely Greedy Parallel trajectories of the drafter.
+"""Train a Learn2PD filter (004 §3.2, Alg. 1) on Extremely Greedy Parallel trajectories of one drafter family.
 
-Reference answer: the bidirectional drafter's own standard decode (`mdm`: low-confidence remasking). EGP oracle:
-at every step of a block, a masked position is unmasked iff the drafter's prediction equals the reference
-(004 §3.1.3); when none does, the most confident position takes its reference token so the block moves on. Each
-step yields the block's confidences (decided positions count as 1.0; a short last block is padded by `pad_blocks`,
-as inference pads) and per masked position the label `prediction == reference`; the 2-layer MLP learns them with BCE.
+Each family has its own filter, trained on its own drafter's confidences: `causal` (the pipeline's drafter) and
+`bidirectional` (learn2pd's). Reference answer: a decode of the prompt by `reference` (the bidirectional drafter's
+own `mdm`; for the causal drafter the guider's AR decode, the output the pipeline reproduces). It runs past the
+reference's EOS to the end of that block with EOS, as an MDM's canvas is filled after its end of text (004 §3.3), so
+the filter also sees the trailing end-of-text region that EoTP reads.
+
+EGP oracle: at every step of a block, a masked position is unmasked iff the drafter's prediction equals the reference
+(004 §3.1.3); when none does, the most confident position takes its reference token so the block moves on. Each step
+yields the block's confidences (decided positions count as 1.0; a short last block is padded by `pad_blocks`, as
+inference pads) and per masked position the label `prediction == reference`; the 2-layer MLP learns them with BCE,
+AdamW, full-batch epochs (004 §4).
 """
 
 import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import yaml
 from tqdm import tqdm
 
 from services.common.config import EngineConfig
-from services.common.proposal import Region
+from services.common.proposal import Proposal, Region
+from services.common.request import Request
 from services.dlm_drafter.bidirectional import Vicinity
 from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine import Engine, Prompt
+from services.orchestrator.strategies import DRAFTERS
 from services.training import tasks
+
+Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (confidence, label, active), each [block]
 
 
 @dataclass(slots=True)
 class FilterTrainConfig:
-    drafter: str = "models/drafter-bidirectional"
-    out: str = "models/filter"
+    drafter: str = "bidirectional"  # the drafter family whose trajectories train this filter
+    models: dict[str, str] = field(default_factory=lambda: {"drafter_bidirectional": "models/drafter-bidirectional"})
+    reference: str = "mdm"  # the strategy whose decode is the reference answer
+    reference_params: dict = field(default_factory=dict)
+    out: str = "models/filter-bidirectional"
     prompts_per_family: int = 30
     families: tuple[str, ...] = ("count", "copy", "reverse", "sort", "add")
     max_new_tokens: int = 64
-    block_size: int = 32
-    hidden_size: int = 128
-    threshold: float = 0.96
-    epochs: int = 300
-    lr: float = 3e-3
+    batch_size: int = 16  # prompts whose trajectories advance together, one drafter call per step
+    block_size: int = 32  # 004 §4.1
+    hidden_size: int = 32  # 004 §4: 2,112 parameters at block 32
+    threshold: float = 0.96  # 004 §4.3
+    epochs: int = 5000  # 004 §4
+    lr: float = 1e-3  # 004 §4, AdamW
     val_fraction: float = 0.2
     seed: int = 0
     device: str = "cpu"
 
     def __post_init__(self):
         self.families = tuple(self.families)
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.prompts_per_family < 1 or self.epochs < 1:
-            raise ValueError("prompts_per_family and epochs must be >= 1")
+        if min(self.prompts_per_family, self.epochs, self.batch_size) < 1:
+            raise ValueError("prompts_per_family, epochs and batch_size must be >= 1")
 
     @classmethod
     def from_yaml(cls, path: str, **overrides) -> "FilterTrainConfig":
@@ -62,37 +78,67 @@ class Trajectories:
     active: torch.Tensor  # [N, block] masked positions of that step (the only ones with a label)
 
 
-def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch.Tensor, ...]]:
-    """One prompt's EGP trajectory: a (confidence, label, active) row per drafter forward."""
-    mdm = {"block_size": cfg.block_size, "steps_per_block": cfg.block_size}
-    reference = engine.request(prompt, cfg.max_new_tokens)
-    list(engine.stream(reference, "mdm", mdm))
-    end = reference.frontier
-    req = engine.request(prompt, cfg.max_new_tokens)
-    req.horizon = end
-    drafter = engine.models.host("drafter")
+def references(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) -> list[torch.Tensor]:
+    """Each prompt's reference answer [end]: the reference decode, then EOS up to the end of its EOS's block."""
+    results = engine.generate(prompts, cfg.reference, cfg.reference_params, cfg.max_new_tokens)
+    eos = engine.models.meta().eos_id
+    answers = []
+    for result in results:
+        ids = result.token_ids + ([eos] if result.finish_reason == "eos" else [])
+        end = min(-(-len(ids) // cfg.block_size) * cfg.block_size, cfg.max_new_tokens)
+        answers.append(torch.tensor(ids + [eos] * (end - len(ids)), dtype=torch.long))
+    return answers
+
+
+def propose(engine: Engine, drafter: str, calls: list[tuple[Request, Region]]) -> list[Proposal]:
+    host = engine.models.host("drafter")
+    if drafter == "causal":
+        replies = host.propose([(req, region, False) for req, region in calls])
+    else:
+        replies = host.propose_bidirectional([(req, region, "none", Vicinity(), None, False) for req, region in calls])
+    return [reply.value for reply in replies]
+
+
+def egp(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) -> list[Row]:
+    """The prompts' EGP trajectories, advanced together: a (confidence, label, active) row per drafter forward."""
+    answers = references(engine, prompts, cfg)
+    reqs = [engine.request(prompt, cfg.max_new_tokens) for prompt in prompts]
+    for req, answer in zip(reqs, answers, strict=True):
+        req.horizon = len(answer)
     rows = []
-    for start in range(0, end, cfg.block_size):
-        region = Region(start, min(start + cfg.block_size, end))
-        while not req.decided[region.start : region.end].all():
-            proposal = drafter.propose_bidirectional([(req, region, "none", Vicinity(), None, False)])[0].value
-            rel = proposal.positions - start
-            confidence = torch.ones(region.end - region.start)
-            confidence[rel] = proposal.probs
-            confidence = pad_blocks([confidence], cfg.block_size)[0]
-            label, active = torch.zeros(cfg.block_size), torch.zeros(cfg.block_size)
-            match = proposal.ids == reference.tokens[proposal.positions]
-            label[rel], active[rel] = match.float(), 1.0
-            rows.append((confidence, label, active))
-            if not match.any():
-                match[proposal.probs.argmax()] = True
-            req.decide(proposal.positions[match], reference.tokens[proposal.positions[match]])
-    drafter.release([req.id])
+    while live := [(req, answer) for req, answer in zip(reqs, answers, strict=True) if req.frontier < len(answer)]:
+        regions = [current_block(req, len(answer), cfg.block_size) for req, answer in live]
+        calls = [(req, region) for (req, _), region in zip(live, regions, strict=True)]
+        for (req, answer), region, proposal in zip(live, regions, propose(engine, cfg.drafter, calls), strict=True):
+            rows.append(egp_step(req, answer, region, proposal, cfg.block_size))
+    engine.models.host("drafter").release([req.id for req in reqs])
     return rows
 
 
-def record(engine: Engine, prompts: list[str], cfg: FilterTrainConfig) -> Trajectories:
-    rows = [row for prompt in tqdm(prompts, desc="EGP trajectories") for row in egp(engine, prompt, cfg)]
+def current_block(req: Request, end: int, block_size: int) -> Region:
+    start = req.frontier // block_size * block_size
+    return Region(start, min(start + block_size, end))
+
+
+def egp_step(req: Request, answer: torch.Tensor, region: Region, proposal: Proposal, block_size: int) -> Row:
+    """One step's row; unmasks the proposals that equal the answer (or the most confident one, if none does)."""
+    rel = proposal.positions - region.start
+    confidence = torch.ones(region.end - region.start)
+    confidence[rel] = proposal.probs
+    confidence = pad_blocks([confidence], block_size)[0]
+    label, active = torch.zeros(block_size), torch.zeros(block_size)
+    match = proposal.ids == answer[proposal.positions]
+    label[rel], active[rel] = match.float(), 1.0
+    if not match.any():
+        match[proposal.probs.argmax()] = True
+    req.decide(proposal.positions[match], answer[proposal.positions[match]])
+    req.horizon = len(answer)  # deciding an EOS truncates the canvas; the oracle runs on to the answer's end
+    return confidence, label, active
+
+
+def record(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) -> Trajectories:
+    batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
+    rows = [row for batch in tqdm(batches, desc="EGP trajectories") for row in egp(engine, batch, cfg)]
     return Trajectories(*(torch.stack(col) for col in zip(*rows, strict=True)))
 
 
@@ -116,7 +162,7 @@ def fit(data: Trajectories, cfg: FilterTrainConfig) -> tuple[Learn2PDFilter, dic
     split = {"val": order[:n_val], "train": order[n_val:]}
     parts = {k: Trajectories(*(t[idx] for t in (data.confidence, data.label, data.active))) for k, idx in split.items()}
     model = Learn2PDFilter(FilterConfig(cfg.block_size, cfg.hidden_size, cfg.threshold))
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     curve = []
     for _ in tqdm(range(cfg.epochs), desc="filter"):
         opt.zero_grad()
@@ -125,7 +171,11 @@ def fit(data: Trajectories, cfg: FilterTrainConfig) -> tuple[Learn2PDFilter, dic
         opt.step()
         curve.append(loss.item())
     model.eval()
-    report = {"rows": {k: len(v.confidence) for k, v in parts.items()}, "initial_train_bce": curve[0]}
+    report = {
+        "rows": {k: len(v.confidence) for k, v in parts.items()},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "initial_train_bce": curve[0],
+    }
     with torch.no_grad():
         for name, part in parts.items():
             precision, recall = precision_recall(model, part, cfg.threshold)
@@ -137,7 +187,7 @@ def fit(data: Trajectories, cfg: FilterTrainConfig) -> tuple[Learn2PDFilter, dic
 def train(cfg: FilterTrainConfig, engine: Engine | None = None) -> dict:
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    engine = engine or Engine(EngineConfig(models={"drafter_bidirectional": cfg.drafter}, device=cfg.device))
+    engine = engine or Engine(EngineConfig(models=cfg.models, device=cfg.device))
     items = [t for family in cfg.families for t in tasks.generate(family, cfg.prompts_per_family, "train", cfg.seed)]
     random.Random(cfg.seed).shuffle(items)
     data = record(engine, [t.prompt for t in items], cfg)
@@ -153,17 +203,21 @@ def train(cfg: FilterTrainConfig, engine: Engine | None = None) -> dict:
 
 def card(report: dict, cfg: FilterTrainConfig) -> str:
     val, train = report["val"], report["train"]
-    return f"""# filter
+    name = os.path.basename(os.path.normpath(cfg.out))
+    reference = " ".join([cfg.reference, *(f"{k}={v}" for k, v in cfg.reference_params.items())])
+    drafter = cfg.models["drafter" if cfg.drafter == "causal" else "drafter_bidirectional"]
+    return f"""# {name}
 
-Learn2PD filter (004 §3.2): a 2-layer MLP ({cfg.block_size} -> {cfg.hidden_size} -> {cfg.block_size}) from a block's
-confidences (decided positions count as 1.0) to per-position accept logits; accept when sigmoid > {cfg.threshold}.
+Learn2PD filter (004 §3.2) of the **{cfg.drafter}** drafter: a 2-layer MLP ({cfg.block_size} -> {cfg.hidden_size} ->
+{cfg.block_size}, {report["parameters"]:,} parameters) from a block's confidences (decided positions count as 1.0) to
+per-position accept logits; accept when sigmoid > {cfg.threshold}.
 
 ## Training
-- trajectories: Extremely Greedy Parallel (004 §3.1.3) on `{cfg.drafter}`, reference = its own `mdm` decode
-  (block {cfg.block_size}, one token per step), {cfg.prompts_per_family} train prompts per family of
-  {", ".join(cfg.families)}; {report["rows"]["train"]} train / {report["rows"]["val"]} validation steps;
-  {report["positive_rate"]:.1%} of masked positions were already right
-- BCE on masked positions, Adam lr {cfg.lr}, {cfg.epochs} full-batch epochs, seed {cfg.seed}
+- trajectories: Extremely Greedy Parallel (004 §3.1.3) on `{drafter}`; reference answer: the `{reference}` decode,
+  continued with EOS to the end of its EOS's block (the end-of-text region, 004 §3.3); blocks of {cfg.block_size};
+  {cfg.prompts_per_family} train prompts per family of {", ".join(cfg.families)}; {report["rows"]["train"]} train /
+  {report["rows"]["val"]} validation steps; {report["positive_rate"]:.1%} of masked positions were already right
+- BCE on masked positions, AdamW lr {cfg.lr}, {cfg.epochs} full-batch epochs (004 §4), seed {cfg.seed}
 - wall time {report["wall_s"]:.0f} s
 
 ## Results
@@ -174,5 +228,5 @@ confidences (decided positions count as 1.0) to per-position accept logits; acce
 
 Initial train BCE {report["initial_train_bce"]:.3f}. Precision and recall are of accept decisions at the threshold.
 
-Rebuild: `dlm train filter --config configs/train/filter.yaml`
+Rebuild: `dlm train filter --config configs/train/{name}.yaml`
 """

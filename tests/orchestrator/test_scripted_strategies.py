@@ -18,7 +18,8 @@ GUIDER = list(range(10, 26))
 def drafter_engine(script: dict, family: str, n: int = 16, filter_model=None, **others):
     role = "drafter" if family == "causal" else "drafter_bidirectional"
     model = ScriptedLM(script, len(PROMPT), bidirectional=family == "bidirectional")
-    return scripted_engine({role: model, **others}, n, filter_model), model
+    filters = {family: filter_model} if filter_model is not None else None
+    return scripted_engine({role: model, **others}, n, filters), model
 
 
 def run(engine, strategy: str, params: dict) -> Request:
@@ -108,7 +109,7 @@ class IdentityFilter:
 
 def test_filter_scores_see_the_block_with_decided_positions_certain():
     prop = Proposal(torch.tensor([9, 12]), torch.tensor([3, 4]), torch.tensor([0.3, 0.7]), torch.zeros(2), None)
-    call = filter_call(Region(8, 16), prop)
+    call = filter_call("causal", Region(8, 16), prop)
     assert (call.role, call.method) == ("filter", "accept_probs")
     [confidence] = call.args
     assert confidence.tolist() == pytest.approx([1, 0.3, 1, 1, 0.7, 1, 1, 1])
@@ -142,3 +143,40 @@ def test_pipeline_accepts_the_agreeing_drafts_and_the_bonus_token(k):
     req = run(engine, "pipeline", {"window": 8, "top_k_match": 1, "bonus_token": True})
     assert req.output_ids() == GUIDER
     assert req.stats.accepted[0] == k + 1
+
+
+class RecordingFilter(IdentityFilter):
+    def __init__(self):
+        self.calls = 0
+
+    def accept_probs_batch(self, confidences: list[torch.Tensor]) -> list[torch.Tensor]:
+        self.calls += 1
+        return IdentityFilter.accept_probs_batch(self, confidences)
+
+
+@pytest.mark.parametrize(
+    "strategy,params,family",
+    [
+        ("learn2pd", {"block_size": 8}, "bidirectional"),
+        ("learn2pd", {"block_size": 8, "drafter": "causal"}, "causal"),
+        ("pipeline", {"window": 8}, "causal"),
+    ],
+)
+def test_each_strategy_asks_the_filter_of_its_drafters_family(strategy, params, family):
+    filters = {"causal": RecordingFilter(), "bidirectional": RecordingFilter()}
+    models = {
+        "drafter": ScriptedLM(confident(GUIDER), len(PROMPT)),
+        "drafter_bidirectional": ScriptedLM(confident(GUIDER), len(PROMPT), bidirectional=True),
+        "guider": ScriptedLM(confident(GUIDER), len(PROMPT)),
+    }
+    req = run(scripted_engine(models, 16, filters), strategy, params)
+    assert req.output_ids() == GUIDER
+    other = "causal" if family == "bidirectional" else "bidirectional"
+    assert filters[family].calls == req.stats.filter_calls > 0 and filters[other].calls == 0
+
+
+def test_a_strategy_without_its_familys_filter_is_refused():
+    models = {"drafter": ScriptedLM(confident(GUIDER), len(PROMPT)), "guider": ScriptedLM(confident(GUIDER), 3)}
+    engine = scripted_engine(models, 16, {"bidirectional": RecordingFilter()})
+    with pytest.raises(ValueError, match="filter"):
+        run(engine, "pipeline", {"window": 8})

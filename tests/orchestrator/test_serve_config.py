@@ -16,4 +16,4 @@ def test_serve_config_is_accepted_by_ray_serve():
 def test_default_config_reads_serving_section():
     cfg = EngineConfig.from_yaml(DEFAULT_CONFIG)
     assert cfg.serving.port == 50051 and cfg.serving.host == "127.0.0.1"
-    assert set(cfg.models) == {"drafter", "drafter_bidirectional", "guider", "ar", "filter"}
+    assert set(cfg.models) == {"drafter", "drafter_bidirectional", "guider", "ar", "filter", "filter_bidirectional"}

@@ -23,6 +23,7 @@ CASES = {
     "slot": {"slot_size": 4, "block_size": 8},
     "streaming": {"window": 6},
     "pipeline": {"window": 6},
+    "learn2pd": {"block_size": 8},  # the bidirectional drafter's filter, beside pipeline's causal one
 }
 PROMPT = "count from 1 to 9:"
 
