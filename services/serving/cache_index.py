@@ -321,11 +321,12 @@ class EmbeddedCacheIndex(CacheIndex):
         with self._lock:
             now = self._now()
             found = self._entries.pop(request_id, None) is not None
-            for replica, held in self._held.items():
+            for replica, held in list(self._held.items()):
                 self._sweep(replica, now)
                 if request_id in held:
                     self._totals[replica] -= held.pop(request_id)[0]
                     found = True
+                    self._drop_if_idle(replica)
             return found
 
     async def route(self, request_id: str) -> Route | None:
@@ -377,7 +378,13 @@ class EmbeddedCacheIndex(CacheIndex):
             else:
                 tokens = min(tokens, self._totals[replica])
             self._totals[replica] -= tokens
+            self._drop_if_idle(replica)
             return tokens
+
+    def _drop_if_idle(self, replica: str) -> None:
+        """A replica that holds nothing leaves the index (no key stays behind its last request)."""
+        if self._totals[replica] <= 0 and not self._held[replica]:
+            del self._totals[replica], self._held[replica]
 
     async def replica_tokens(self, replica: str) -> int:
         with self._lock:

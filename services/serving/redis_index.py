@@ -65,6 +65,13 @@ local function sweep(r, now)
   end
   if freed ~= 0 then redis.call('DECRBY', rkey(r, 'tokens'), freed) end
 end
+-- a replica that holds nothing leaves the index (no key stays behind its last request)
+local function drop_if_idle(r)
+  if tonumber(redis.call('GET', rkey(r, 'tokens')) or '0') <= 0 and redis.call('HLEN', rkey(r, 'held')) == 0 then
+    redis.call('DEL', rkey(r, 'tokens'), rkey(r, 'held'), rkey(r, 'exp'))
+    redis.call('SREM', P .. 'replicas', r)
+  end
+end
 -- apply the entry's TTL to its three keys and move its holdings' expiry to the entry's
 local function touch(rid, now)
   local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
@@ -134,6 +141,7 @@ for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do
     redis.call('HDEL', rkey(r, 'held'), ARGV[2])
     redis.call('ZREM', rkey(r, 'exp'), ARGV[2])
     found = found + 1
+    drop_if_idle(r)
   end
 end
 return found
@@ -181,6 +189,7 @@ else
   if n > total then n = total end
 end
 if n > 0 then redis.call('DECRBY', rkey(r, 'tokens'), n) end
+drop_if_idle(r)
 return n
 """
 

