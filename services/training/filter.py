@@ -66,7 +66,7 @@ def egp(engine: Engine, prompt: str, cfg: FilterTrainConfig) -> list[tuple[torch
     mdm = {"block_size": cfg.block_size, "steps_per_block": cfg.block_size}
     reference = engine.request(prompt, cfg.max_new_tokens)
     list(engine.stream(reference, "mdm", mdm))
-    end = reference.frontier
+    end = reference.end  # just past the reference's EOS
     req = engine.request(prompt, cfg.max_new_tokens)
     req.horizon = end
     drafter = engine.models.host("drafter")
