@@ -21,7 +21,7 @@ class Request:
     decided: torch.Tensor = None  # [max_new_tokens] bool, a decided token never changes
     filled: torch.Tensor = None  # [max_new_tokens] bool, a tentative draft kept as context, may be replaced
     committed: torch.Tensor = None  # [max_new_tokens] bool, in `order` (its KV belongs in the drafter cache)
-    horizon: int = 0  # logical end of generation; shrinks to just past an EOS (EOS truncation)
+    horizon: int = 0  # end of the canvas the models see; EOS truncation shrinks it (services/orchestrator/commit.py)
     order: list[int] = field(default_factory=list)  # committed positions in physical (commit) order
     emitted: int = 0  # length of the contiguous prefix already streamed out
     finish_reason: str | None = None
@@ -53,6 +53,18 @@ class Request:
         return int(undecided[0]) if len(undecided) else self.horizon
 
     @property
+    def first_eos(self) -> int | None:
+        """Position of the first decided EOS."""
+        eos = (self.decided & (self.tokens == self.eos_id)).nonzero()
+        return int(eos[0]) if len(eos) else None
+
+    @property
+    def end(self) -> int:
+        """Logical end of the output: just past the first decided EOS, else the canvas end."""
+        eos = self.first_eos
+        return self.horizon if eos is None else min(self.horizon, eos + 1)
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
@@ -66,9 +78,6 @@ class Request:
         self.tokens[positions] = ids
         self.decided[positions] = True
         self.filled[positions] = False
-        eos = positions[ids == self.eos_id]
-        if len(eos):
-            self.horizon = min(self.horizon, int(eos.min()) + 1)
 
     def fill(self, positions: torch.Tensor, ids: torch.Tensor) -> None:
         """Replace every tentative draft by these."""
@@ -89,5 +98,6 @@ class Request:
         return known.nonzero().squeeze(-1)
 
     def output_ids(self) -> list[int]:
-        ids = self.tokens[: self.frontier].tolist()
-        return ids[:-1] if ids and ids[-1] == self.eos_id and self.finish_reason == "eos" else ids
+        """The decided prefix up to its first EOS, which is left out."""
+        ids = self.tokens[: min(self.frontier, self.end)].tolist()
+        return ids[:-1] if ids and ids[-1] == self.eos_id else ids

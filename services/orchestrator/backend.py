@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from uuid import uuid4
 
 from services.common.proposal import TokenLogprob
@@ -162,7 +162,7 @@ class EngineBackend:
         out = {}
         for name in STRATEGIES:
             params = make_params(name, self.engine.config.strategies.get(name, {}))
-            out[name] = {key: getattr(params, key) for key in params.__dataclass_fields__}
+            out[name] = {f.name: getattr(params, f.name) for f in fields(params)}
         return out
 
     def model_info(self) -> ModelInfo:

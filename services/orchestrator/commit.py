@@ -4,6 +4,11 @@ region  block   blocks of `size` decoded in order; the region is the block holdi
         window  the `size` positions from the frontier, refilled as the prefix grows (002 §5.2)
 order   prefix  the contiguous decided prefix enters the drafter's cache (streaming commit)
         slot    decided slots enter the cache as they complete, ahead of earlier masks (000 §4.1)
+eos     truncate  the first decided EOS ends the canvas: later forwards see nothing past it (000 B.1; causal decoding)
+        full      every position stays in context to the canvas end (LLaDA, Fast-dLLM); the output ends at the EOS
+        fill      a decided EOS decides every undecided position after it as EOS, kept in context (dInfer, 001 §3)
+        eotp      full, but decoding stops at the end of a block once an EOS is decided (Learn2PD EoTP, 004 Alg. 3)
+Whatever the policy, the output and the stream end at the first EOS: nothing decided after it is ever sent.
 """
 
 import torch
@@ -13,13 +18,16 @@ from services.common.request import Request
 
 REGIONS = ("block", "window")
 ORDERS = ("prefix", "slot")
+EOS_POLICIES = ("truncate", "full", "fill", "eotp")
 
 
 class Commit:
-    def __init__(self, region: str, size: int, order: str = "prefix"):
-        if region not in REGIONS or order not in ORDERS:
-            raise ValueError(f"commit region must be in {REGIONS} and order in {ORDERS}")
-        self.kind, self.size, self.order = region, size, order
+    def __init__(self, region: str, size: int, order: str = "prefix", eos: str = "truncate"):
+        if region not in REGIONS or order not in ORDERS or eos not in EOS_POLICIES:
+            raise ValueError(f"commit region must be in {REGIONS}, order in {ORDERS} and eos in {EOS_POLICIES}")
+        if eos == "eotp" and region != "block":
+            raise ValueError("eos 'eotp' stops at a block's end: it needs region 'block'")
+        self.kind, self.size, self.order, self.eos = region, size, order, eos
 
     def region(self, req: Request) -> Region:
         start = req.frontier
@@ -32,23 +40,43 @@ class Commit:
         if decision.logprobs is not None:
             record(req, decision.positions, decision.logprobs)
         req.fill(decision.fill_positions, decision.fill_ids)
+        self.settle_eos(req)
         frontier = req.frontier
         if self.order == "slot":
             req.commit(decision.positions.tolist())
         else:
             req.commit((~req.committed[:frontier]).nonzero().squeeze(-1).tolist())
-        ids = req.tokens[req.emitted : frontier].tolist()
-        req.emitted = frontier
-        ahead = decision.positions[(decision.positions >= frontier) & (decision.positions < req.horizon)]
+        end = req.end
+        sent = min(frontier, end)  # the stream ends at the first EOS
+        ids = req.tokens[req.emitted : sent].tolist()
+        req.emitted = sent
+        ahead = decision.positions[(decision.positions >= frontier) & (decision.positions < end)]
         spans = [(int(run[0]), req.tokens[run].tolist()) for run in runs(ahead.sort().values)]
         req.stats.rounds += 1
         req.stats.accepted.append(len(decision.positions))
         req.stats.on_commit(len(ids))
-        if frontier == req.horizon:
-            req.finish_reason = "eos" if req.tokens[frontier - 1] == req.eos_id else "length"
+        if self.done(req, frontier, end):
+            req.finish_reason = "eos" if req.first_eos is not None else "length"
         req.stats.tokens = len(req.output_ids())
-        logprobs = [req.logprobs[p] for p in range(frontier - len(ids), frontier)] if req.logprobs else []
+        logprobs = [req.logprobs[p] for p in range(sent - len(ids), sent)] if req.logprobs else []
         return Committed(ids, spans, req.finish_reason, logprobs)
+
+    def settle_eos(self, req: Request) -> None:
+        """What a decided EOS does to the canvas the models see next."""
+        eos = req.first_eos
+        if eos is None:
+            return
+        if self.eos == "truncate":
+            req.horizon = min(req.horizon, eos + 1)
+        elif self.eos == "fill":
+            tail = (~req.decided[eos + 1 : req.horizon]).nonzero().squeeze(-1) + eos + 1
+            req.decide(tail, torch.full_like(tail, req.eos_id))
+
+    def done(self, req: Request, frontier: int, end: int) -> bool:
+        """The whole canvas is decided, or (EoTP) a block has ended with an EOS decided before its end."""
+        if frontier == req.horizon:
+            return True
+        return self.eos == "eotp" and end <= frontier and frontier % self.size == 0
 
 
 def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> None:

@@ -10,7 +10,7 @@ drafts as context.
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from services.common.calls import Stage
 from services.common.params import parse_value
@@ -110,6 +110,7 @@ class BlockParams:
     prefix_look: int = 16  # cache=vicinity: positions recomputed before and after the block (001 App. D)
     after_look: int = 16
     warmup_times: int = 4  # cache=vicinity: the request's first forwards run uncached (001 App. D)
+    eos: ClassVar[str] = "truncate"  # what a decided EOS does on the bidirectional drafter (commit.py, EOS_POLICIES)
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, DRAFTERS)
@@ -131,14 +132,18 @@ class BlockParams:
         vicinity = Vicinity(self.prefix_look, self.after_look, self.warmup_times)
         return BidirectionalPropose(self.cache, Smoothing() if self.smoothing else None, keep_logits, vicinity)
 
+    def committer(self) -> Commit:
+        """A causal drafter's predictions before an EOS never see past it: it keeps EOS truncation (000 B.1)."""
+        return Commit("block", self.block_size, eos=self.eos if self.drafter == "bidirectional" else "truncate")
+
     def stages(self, catalog: Catalog, gate: Gate, verify: Verify | None = None, *roles: str) -> Stages:
-        commit = Commit("block", self.block_size)
-        return Stages(self.proposer(catalog), gate, commit, verify, ("drafter", *roles))
+        return Stages(self.proposer(catalog), gate, self.committer(), verify, ("drafter", *roles))
 
 
 @dataclass(slots=True)
 class MDMParams(BlockParams):
     steps_per_block: int = 32
+    eos: ClassVar[str] = "full"
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
@@ -153,6 +158,7 @@ class ThresholdParams(BlockParams):
     block_size: int = 64
     cache: str = "dual"
     threshold: float = 0.9
+    eos: ClassVar[str] = "full"
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
@@ -169,6 +175,7 @@ class CreditParams(BlockParams):
     beta: float = 0.7
     gamma: float = 0.5
     alpha: float = 1.0
+    eos: ClassVar[str] = "fill"
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
@@ -180,7 +187,7 @@ class CreditParams(BlockParams):
     def build(self, catalog: Catalog) -> Stages:
         propose = self.proposer(catalog, keep_logits=True)  # credits fuse the whole distribution
         gate = Credit(self.threshold, self.beta, self.gamma, self.alpha, self.decay())
-        return Stages(propose, gate, Commit("block", self.block_size), roles=("drafter",))
+        return Stages(propose, gate, self.committer(), roles=("drafter",))
 
 
 @dataclass(slots=True)
@@ -189,6 +196,7 @@ class HierarchicalParams(BlockParams):
     cache: str = "dual"
     threshold: float = 0.92
     low_threshold: float = 0.62
+    eos: ClassVar[str] = "fill"
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
@@ -202,6 +210,7 @@ class HierarchicalParams(BlockParams):
 @dataclass(slots=True)
 class Learn2PDParams(BlockParams):
     filter_threshold: float = 0.96
+    eos: ClassVar[str] = "eotp"
 
     def __post_init__(self):
         BlockParams.__post_init__(self)

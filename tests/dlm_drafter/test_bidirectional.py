@@ -82,7 +82,8 @@ def test_iteration_smoothing_survives_an_eos_cutting_the_block(tiny_zoo):
     drafter = serial(loaded, smoothing=Smoothing())
     req = Request("r", [5, 9, 11, 7], 8, loaded.mask_id, loaded.eos_id)
     drafter.propose(req, Region(0, 8))
-    req.decide(torch.tensor([5]), torch.tensor([loaded.eos_id]))  # horizon 8 -> 6
+    req.decide(torch.tensor([5]), torch.tensor([loaded.eos_id]))
+    req.horizon = req.end  # EOS truncation: 8 -> 6
     proposal = drafter.propose(req, Region(0, req.horizon))
     assert proposal.positions.tolist() == [0, 1, 2, 3, 4]
 

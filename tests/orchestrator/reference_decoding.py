@@ -11,7 +11,8 @@ engine, for tests/orchestrator/test_reference_decoding.py. Greedy; the model is 
   recomputes the block alone.
 
 The mask token is never an output (as in the engine: a model may not choose [MASK]); confidence is the chosen
-token's probability.
+token's probability. Every block of the canvas is decoded, whatever EOS it holds, and every position stays in context;
+the output is the canvas up to its first EOS.
 """
 
 from collections.abc import Callable
@@ -111,23 +112,17 @@ def decode(
     return canvas, trajectory
 
 
-def truncation_free(trajectory: list[torch.Tensor], eos_id: int, mask_id: int) -> bool:
-    """Whether a decoder that cuts the canvas just past the first decided EOS (the engine today) sees every forward's
-    canvas whole: after each forward, no EOS stands before the canvas's last position, or every position before the
-    first EOS is decided (that decoder has finished)."""
+def eos_ahead(trajectory: list[torch.Tensor], eos_id: int, mask_id: int) -> bool:
+    """Whether some forward leaves the first EOS decided before the canvas's last position with positions before it
+    still masked: from then on, a decoder that cut the canvas just past that EOS would see another context."""
     for canvas in trajectory:
         eos_at = (canvas[:-1] == eos_id).nonzero()
         if len(eos_at):
-            return bool((canvas[: int(eos_at[0])] != mask_id).all())
-    return True
+            return bool((canvas[: int(eos_at[0])] == mask_id).any())
+    return False
 
 
 def output(canvas: torch.Tensor, eos_id: int) -> list[int]:
     """The canvas up to its first EOS."""
     ids = canvas.tolist()
     return ids[: ids.index(eos_id)] if eos_id in ids else ids
-
-
-def forwards_to_output(trajectory: list[torch.Tensor], eos_id: int, mask_id: int) -> int:
-    """Forwards until the output (the canvas up to its first EOS) is wholly decided."""
-    return next(i + 1 for i, canvas in enumerate(trajectory) if mask_id not in output(canvas, eos_id))

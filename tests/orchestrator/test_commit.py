@@ -1,4 +1,5 @@
-"""EOS truncation and exact lengths, with a scripted proposer so the outcome is known in advance."""
+"""EOS truncation (the default EOS policy; the others: test_eos_policies.py) and exact lengths, with a scripted
+proposer so the outcome is known in advance."""
 
 import torch
 
@@ -92,3 +93,12 @@ def test_commit_rejects_unknown_regions_and_orders():
         except ValueError:
             continue
         raise AssertionError(f"Commit({region!r}, order={order!r}) must fail")
+
+
+def test_commit_rejects_unknown_eos_policies_and_eotp_outside_blocks():
+    for region, eos in (("block", "stop"), ("window", "eotp")):
+        try:
+            Commit(region, 4, eos=eos)
+        except ValueError:
+            continue
+        raise AssertionError(f"Commit({region!r}, eos={eos!r}) must fail")
