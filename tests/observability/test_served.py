@@ -16,6 +16,7 @@ from services.cli.client import DlmClient
 from services.common.config import EngineConfig
 from tests.observability.spans import hex_id, memory_exporter
 from tests.orchestrator.test_services import free_port
+from tests.replica_processes import replica_pids
 
 pytestmark = pytest.mark.e2e
 PROMPT = "count from 1 to 9:"
@@ -176,21 +177,8 @@ def test_ray_metrics_endpoint_counts_the_requests_sent(served):
 
 
 def own_replica_pid(deployment: str, marker: str) -> int:
-    """This cluster's `ray::ServeReplica:dlm:<deployment>`: the one whose environment holds marker (other clusters
-    may run on the machine)."""
-    title = f"ServeReplica:dlm:{deployment}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                mine = f.read().split(b"\0")[0].endswith(title)
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                mine = mine and marker.encode() in f.read()
-        except (OSError, ValueError):
-            continue
-        if mine:
-            pids.append(int(entry))
-    [pid] = pids
+    """This cluster's replica of `deployment`: its environment holds marker."""
+    [pid] = replica_pids(deployment, marker)
     return pid
 
 

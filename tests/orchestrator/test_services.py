@@ -15,6 +15,7 @@ from services.cli.client import DlmClient
 from services.common.config import EngineConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
+from tests.replica_processes import replica_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -138,17 +139,7 @@ def test_bad_request_gets_invalid_argument_and_service_goes_on(service):
 
 
 def replica_pid(deployment: str) -> int:
-    """The process Ray titles `ray::ServeReplica:dlm:<deployment>`."""
-    title = f"ServeReplica:dlm:{deployment}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if f.read().split(b"\0")[0].endswith(title):
-                    pids.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    [pid] = pids
+    [pid] = replica_pids(deployment)
     return pid
 
 

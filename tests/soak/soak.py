@@ -20,6 +20,7 @@ from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from tests.orchestrator.test_services import free_port
 from tests.redis_server import find_redis_server, redis_server
+from tests.replica_processes import replica_pids
 
 PROMPTS = ["count from 1 to 9:", "sort: 58 68 49 27 13 91 67", "copy: the lazy dog sleeps", "reverse: a b c d e"]
 STRATEGIES = [("pipeline", {}), ("streaming", {}), ("slot", {}), ("guided", {})]
@@ -27,19 +28,16 @@ DEPLOYMENTS = ("orchestrator", "drafter", "guider", "ar", "filter")
 
 
 def rss_mib() -> dict[str, float]:
-    """Resident memory of each Serve replica process, by deployment (ray::ServeReplica:dlm:<name>)."""
+    """Resident memory of each deployment's Serve replica processes, MiB."""
     out = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-            with open(f"/proc/{entry}/status") as f:
-                rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            continue
-        for name in DEPLOYMENTS:  # the title ends with the method it runs now, if any: ...:dlm:guider.run
-            if title.endswith(f"ServeReplica:dlm:{name}") or f"ServeReplica:dlm:{name}." in title:
-                out[name] = out.get(name, 0) + rss / 1024
+    for name in DEPLOYMENTS:
+        for pid in replica_pids(name):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                continue
+            out[name] = out.get(name, 0) + rss / 1024
     return out
 
 
