@@ -11,11 +11,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import yaml
 
-from services.cli.client import DlmClient
 from services.serving.wire import pb
-from tests.orchestrator.test_services import free_port
+from tests.orchestrator.test_services import served_app
 
 pytestmark = pytest.mark.e2e
 
@@ -27,27 +25,10 @@ STRATEGY = {"drafter": ("streaming", {"window": 6}), "guider": ("pipeline", {"wi
 
 @pytest.fixture(scope="module", params=[{"drafter": 2, "guider": 1}, {"drafter": 1, "guider": 2}], ids=str)
 def service(request, tiny_zoo, tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    from services.orchestrator.app import build_app
-
-    port = free_port()
+    engine = {"models": tiny_zoo, "max_new_tokens": TOKENS, "chat_template": False}
     config = tmp_path_factory.mktemp("resume") / "dlm.yaml"
-    serving = {"port": port, "replicas": request.param}
-    engine = {"models": tiny_zoo, "max_new_tokens": TOKENS, "chat_template": False, "serving": serving}
-    config.write_text(yaml.safe_dump({"engine": engine}))
-    ray.init(num_cpus=6, include_dashboard=False, logging_level="ERROR")
-    app = serve.run(build_app({"config": str(config)}), name="dlm", route_prefix=None)
-    client = DlmClient(f"127.0.0.1:{port}", timeout=120)
-    deadline = time.monotonic() + 180
-    while client.health() != "SERVING":
-        assert time.monotonic() < deadline, "the service never became SERVING"
-        time.sleep(0.5)
-    yield client, app, request.param
-    client.close()
-    serve.shutdown()
-    ray.shutdown()
+    with served_app({**engine, "serving": {"replicas": request.param}}, config, num_cpus=6) as (client, app):
+        yield client, app, request.param
 
 
 def replica_pid(deployment: str, unique_id: str) -> int:

@@ -1,5 +1,6 @@
 """The distributed pipeline end to end: a local Ray, the Serve app on tiny models, gRPC over loopback."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,31 +36,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=["embedded", "redis"])
-def service(request, tiny_zoo, tmp_path_factory):
-    """The app on tiny models, its cache index embedded or on a redis-server the suite starts."""
+@contextlib.contextmanager
+def served_app(engine: dict, config_path, num_cpus: int = 4):
+    """A local Ray and the Serve app on this engine config (gRPC on a free loopback port), SERVING -> (client, app)."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
     from services.orchestrator.app import build_app
 
     port = free_port()
-    config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
-    serving = {"port": port}
-    if request.param == "redis":
-        serving["redis_url"] = request.getfixturevalue("redis_url")
-    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
-    app = serve.run(build_app({"config": str(config)}), name="dlm", route_prefix=None)
+    engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
+    config_path.write_text(yaml.safe_dump({"engine": engine}))
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)
-    deadline = time.monotonic() + 180
-    while client.health() != "SERVING":
-        assert time.monotonic() < deadline, "the service never became SERVING"
-        time.sleep(0.5)
-    yield client, app, Engine(EngineConfig.from_yaml(str(config)))
-    client.close()
-    serve.shutdown()
-    ray.shutdown()
+    try:
+        deadline = time.monotonic() + 180
+        while client.health() != "SERVING":
+            assert time.monotonic() < deadline, "the service never became SERVING"
+            time.sleep(0.5)
+        yield client, app
+    finally:
+        client.close()
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=["embedded", "redis"])
+def service(request, tiny_zoo, tmp_path_factory):
+    """The app on tiny models, its cache index embedded or on a redis-server the suite starts."""
+    serving = {"redis_url": request.getfixturevalue("redis_url")} if request.param == "redis" else {}
+    config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
+    with served_app({"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}, config) as (client, app):
+        yield client, app, Engine(EngineConfig.from_yaml(str(config)))
 
 
 def streamed(client, strategy: str, params: dict, **kw) -> tuple[list[int], str]:
