@@ -111,8 +111,8 @@ def release(request_id: str) -> Write:
     return lambda index: index.release(request_id)
 
 
-def local_admission(serving, deployments: tuple[str, ...] = ("drafter", "guider")) -> IndexAdmission:
+def local_admission(serving) -> IndexAdmission:
     """Admission for an orchestrator whose models run in its own process (`dlm serve --local`): one replica each."""
     index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-    placement = Placement(deployments, lambda deployment: [f"local-{deployment}"], serving.kv_budget_tokens)
+    placement = Placement(("drafter", "guider"), lambda deployment: [f"local-{deployment}"], serving.kv_budget_tokens)
     return IndexAdmission(index, placement, serving.request_ttl_s)

@@ -39,7 +39,3 @@ class ReplicaHost:
     def report_kv(self) -> None:
         if self.kv is not None:
             self.kv_usage.set(self.kv.usage())
-
-    def replica_id(self) -> str:
-        """The id the cache index records as holding a request's KV."""
-        return self.replica
