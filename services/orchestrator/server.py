@@ -4,6 +4,7 @@ import asyncio
 import logging
 import math
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -237,6 +238,8 @@ class Server:
         self.backend.ready = False
         await self.backend.shutdown()
         await self.server.stop(grace)
+        if self.socket:
+            shutil.rmtree(os.path.dirname(self.socket), ignore_errors=True)
 
 
 async def serve(backend: EngineBackend, address: str, limits: Limits | None = None) -> None:

@@ -2,6 +2,7 @@
 
 import datetime
 import ipaddress
+import os
 import socket
 import threading
 import time
@@ -161,6 +162,7 @@ def test_mtls_refuses_a_client_without_a_certificate(engine, pki):
             assert code_of(stranger.health) == grpc.StatusCode.UNAVAILABLE
     finally:
         served.close()
+    assert not os.path.exists(os.path.dirname(served.server.socket))  # the health socket's directory went with it
 
 
 def test_token_from_the_environment_on_a_plaintext_server(engine, monkeypatch):
