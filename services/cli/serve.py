@@ -12,6 +12,9 @@ import yaml
 
 def serve_ray(config_path: str, flags: dict) -> int:
     """flags: serving keys given on the command line (None: keep the config's)."""
+    from services.serving.ray_env import set_ray_env
+
+    set_ray_env()  # before Ray's modules read it
     import ray
     from ray import serve
 
@@ -26,9 +29,6 @@ def serve_ray(config_path: str, flags: dict) -> int:
         yaml.safe_dump({"engine": asdict(config)}, f)
 
     metrics_port, http_port = config.serving.metrics_export_port, config.serving.http_port
-    # Ray starts its workers at nice 15, below the clients of a local run: measured, that costs a quarter of the
-    # throughput (c=1: 80 -> 60 ms per round at nice 0); the replicas are the server here, so they run at nice 0
-    os.environ.setdefault("RAY_worker_niceness", "0")
     # a local run keeps Ray's endpoints (Prometheus metrics included) on loopback
     context = ray.init(logging_level="WARNING", _metrics_export_port=metrics_port, _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": host, "port": http_port})

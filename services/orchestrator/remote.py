@@ -23,8 +23,8 @@ from services.orchestrator.loop import Groups, Parents, Results
 from services.orchestrator.placement import Placement
 from services.orchestrator.pool import first_role
 from services.orchestrator.scheduler import Unavailable
-from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.live_replicas import live_replicas
+from services.serving.pickling import pack_args
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RemoteHosts:
 
     async def send(self, role, deployment, replica, method, args, parents) -> list[Reply]:
         self.batches[role][len(args)] += 1
-        response = self.handles[deployment].run.remote(method, args, parents, replica=replica)
+        response = self.handles[deployment].run.remote(method, pack_args(args), parents, replica=replica)
         return await asyncio.wait_for(response, self.config.serving.call_timeout_s)
 
     async def move(self, request_ids: list[str], deployment: str, lost: str, why: BaseException) -> None:

@@ -59,6 +59,15 @@ def reduce(obj) -> tuple:
     return restore, (type(obj), {name: pack(getattr(obj, name)) for name in obj.__dataclass_fields__})
 
 
+def pack_args(calls: list[tuple]) -> list[tuple]:
+    """A batched call's per-request arguments, with the tensors among them (drafts, confidences) as arrays."""
+    return [tuple(pack(a) for a in call) for call in calls]
+
+
+def unpack_args(calls: list[tuple]) -> list[tuple]:
+    return [tuple(unpack(a) for a in call) for call in calls]
+
+
 def compact(cls: type) -> type:
     """Pickle this slotted dataclass (holding CPU tensors or generators) compactly from now on; returns cls."""
     copyreg.pickle(cls, reduce)

@@ -10,6 +10,7 @@ from ray.serve.metrics import Gauge
 from services.common.calls import Reply
 from services.common.kv_manager import KVManager
 from services.common.tracing import stage_spans
+from services.serving.pickling import unpack_args
 
 
 class ReplicaHost:
@@ -28,7 +29,7 @@ class ReplicaHost:
         where the orchestrator sent it (services/serving/replica_router.py), which may be gone."""
         try:
             with stage_spans(self.deployment, method, parents, self.replica):
-                return getattr(self, method)(args)
+                return getattr(self, method)(unpack_args(args))
         finally:
             self.report_kv()
 

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from services.common.config import SECRET_ENV, EngineConfig
+from services.serving.ray_env import RAY_ENV
 from tests.k8s.manifests import find
 
 RAYSERVICE = find("RayService", "dlm")
@@ -93,3 +94,12 @@ def test_ray_pods_run_restricted(group):
     volumes = {v["name"]: v for v in spec["volumes"]}
     tmp = next(m for m in ctr["volumeMounts"] if m["mountPath"] == "/tmp")
     assert "emptyDir" in volumes[tmp["name"]]
+
+
+@pytest.mark.parametrize("group", ["head", "orchestrator", "gpu"])
+def test_ray_pods_serve_in_the_mode_dlm_serve_measured(group):
+    """The Serve settings of services/serving/ray_env.py hold on every Ray pod (niceness is for local clients)."""
+    env = {e["name"]: e.get("value") for e in container(pod_groups()[group])["env"]}
+    for name, value in RAY_ENV.items():
+        if name.startswith("RAY_SERVE_"):
+            assert env.get(name) == value, name

@@ -14,6 +14,7 @@ import yaml
 
 from services.cli.client import DlmClient
 from services.common.config import EngineConfig
+from services.serving.ray_env import set_ray_env
 from tests.observability.spans import hex_id, memory_exporter
 from tests.orchestrator.test_services import free_port
 from tests.replica_processes import replica_pids
@@ -37,6 +38,7 @@ def served(tiny_zoo, tmp_path_factory):
     config = root / "dlm.yaml"
     serving = {"port": port, "resume_timeout_s": 1.0}
     config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))
+    set_ray_env()
     ray.init(
         num_cpus=4,
         include_dashboard=False,

@@ -13,6 +13,7 @@ from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
+from services.serving.ray_env import set_ray_env
 from services.serving.wire import pb
 from services.training.engine_eval import guider_nll
 from tests.orchestrator.test_services import free_port
@@ -38,6 +39,7 @@ def service(tmp_path_factory):
     config = tmp_path_factory.mktemp("openai") / "dlm.yaml"
     serving = {"port": port, "http_port": http_port, "micro_batches": 1}
     config.write_text(yaml.safe_dump({"engine": {"models": zoo, "max_new_tokens": 32, "serving": serving}}))
+    set_ray_env()
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     app = serve.run(build_app({"config": str(config)}), name="dlm", route_prefix="/")

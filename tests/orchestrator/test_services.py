@@ -16,6 +16,7 @@ from services.cli.client import DlmClient
 from services.common.config import EngineConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine import Engine
+from services.serving.ray_env import set_ray_env
 from tests.replica_processes import replica_pids
 
 pytestmark = pytest.mark.e2e
@@ -47,6 +48,7 @@ def served_app(engine: dict, config_path, num_cpus: int = 4):
     port = free_port()
     engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
     config_path.write_text(yaml.safe_dump({"engine": engine}))
+    set_ray_env()
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
     app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)

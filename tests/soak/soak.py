@@ -18,6 +18,7 @@ import yaml
 
 from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.serving.ray_env import set_ray_env
 from tests.orchestrator.test_services import free_port
 from tests.redis_server import find_redis_server, redis_server
 from tests.replica_processes import replica_pids
@@ -56,6 +57,7 @@ def soak(minutes: float, streams: int, max_new_tokens: int) -> dict:
         path = os.path.join(tempfile.mkdtemp(prefix="soak-"), "dlm.yaml")
         with open(path, "w") as f:
             yaml.safe_dump({"engine": asdict(config)}, f)
+        set_ray_env()
         ray.init(include_dashboard=False, logging_level="ERROR")
         app = serve.run(build_app({"config": path}), name="dlm", route_prefix=None)
         client = DlmClient(f"127.0.0.1:{port}", timeout=120)
