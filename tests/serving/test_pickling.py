@@ -10,7 +10,7 @@ from services.common.calls import Reply
 from services.common.proposal import Decision, Proposal, Verdict
 from services.common.request import Request
 from services.common.sampling import SamplingParams
-from services.serving import pickling  # noqa: F401 (the reducers under test)
+from services.serving.pickling import pack_args, unpack_args
 
 
 def live_request() -> Request:
@@ -58,3 +58,15 @@ def test_stage_values_round_trip_compactly():
     assert torch.equal(d.fill_ids, decision.fill_ids) and torch.equal(d.ids, decision.ids)
     assert torch.equal(r.value.probs, proposal.probs) and r.tokens == 7
     assert torch.equal(torch.rand(2, generator=r.generator), torch.rand(2, generator=torch.Generator().manual_seed(5)))
+
+
+def test_call_arguments_round_trip_compactly():
+    """A batched call's per-request tuples hold raw tensors (the guider's drafts, the filter's confidences)."""
+    req = live_request()
+    args = [(req, 2, torch.tensor([60, 61, 62]), 3), (torch.rand(4, 5),)]
+    data = pickle.dumps(pack_args(args))
+    assert b"torch" not in data
+    (r, start, draft, top_k), (confidence,) = unpack_args(pickle.loads(data))
+    assert_same_request(r, req)
+    assert (start, top_k) == (2, 3)
+    assert torch.equal(draft, args[0][2]) and torch.equal(confidence, args[1][0])
