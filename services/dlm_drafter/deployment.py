@@ -7,7 +7,6 @@ from ray import serve
 from services.common.config import EngineConfig, replica_threads
 from services.common.models import load_model
 from services.dlm_drafter.host import DrafterHost
-from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.replica import ReplicaHost
 
 

@@ -5,7 +5,6 @@ from ray import serve
 
 from services.common.config import EngineConfig, replica_threads
 from services.filter.host import FilterHost, configured_filters
-from services.serving import pickling  # noqa: F401 (registers the compact reducers for the hop)
 from services.serving.replica import ReplicaHost
 
 
