@@ -19,6 +19,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from services.common.config import EngineConfig
 from services.common.models import LoadedModel, ModelMeta
+from services.common.packed_attention import Segment
 from services.filter.host import ROLES as FILTER_ROLES
 from services.filter.host import FilterHost
 from services.orchestrator.engine import Engine
@@ -71,7 +72,7 @@ class ScriptedLM(nn.Module):
             is_causal=not bidirectional,
         )
         self.inputs: list[int] = []  # tokens through the model, per forward
-        self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (input ids, attention mask) per forward
+        self.calls: list[tuple[torch.Tensor, list[Segment] | None]] = []  # (input ids, segments) per forward
         self.positions: list[tuple[list[int], list[int]]] = []  # (input positions, positions in the cache) per forward
         self.pasts: list[list[int]] = []  # the cache's tokens before each forward
 
@@ -102,11 +103,12 @@ class ScriptedLM(nn.Module):
         attention_mask=None,
         past_key_values=None,
         use_cache=True,
+        segments=None,
         **_,
     ):
         ids = input_ids if input_ids is not None else inputs_embeds.argmax(-1)  # [B, Q]
         self.inputs.append(ids.shape[-1])
-        self.calls.append((ids, attention_mask))
+        self.calls.append((ids, segments))
         assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
         self.positions.append((position_ids.flatten().tolist(), cached_positions(past_key_values)))
         if past_key_values is not None:

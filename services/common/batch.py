@@ -2,9 +2,9 @@
 
 Per request i: past cache of L_i tokens, new tokens q_i, the first keep_i of which join its cache afterwards.
 Packed layout, without padding: one row holding every request's new tokens one after another (Q = sum q_i), after
-every request's past one after another (L = sum L_i), and a 4D mask [1, 1, Q, L + Q] that lets each request's
-tokens see only its own past and its own new tokens. The linear layers, most of the work, then run on sum q_i
-tokens, not B * max q_i. New tokens see each other causally, or both ways where the model is bidirectional
+every request's past one after another (L = sum L_i). The linear layers, most of the work, then run on sum q_i
+tokens, not B * max q_i; attention runs per request (packed_attention.py), each request's tokens seeing only its
+own past and its own new tokens. New tokens see each other causally, or both ways where the model is bidirectional
 (config.is_causal False, as on B = 1); groups, where given, isolate spans from each other.
 """
 
@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from services.common.kv import append, cache_len, truncate
+from services.common.packed_attention import Segment
 
 
 @dataclass(slots=True)
@@ -28,24 +29,21 @@ class Item:
     rest: DynamicCache | None = None  # where given, receives the KV of the new tokens past keep
 
 
-def attention_mask(items: list[Item], causal: bool = True) -> torch.Tensor:
-    """[1, 1, Q, L + Q] bool, True = attend: each item's queries see its own past and its own new tokens."""
-    pasts = [cache_len(item.cache) for item in items]
-    sizes = [len(item.input_ids) for item in items]
-    past_total, q = sum(pasts), sum(sizes)
-    mask = torch.zeros(1, 1, q, past_total + q, dtype=torch.bool)
-    row, col = 0, 0
-    for item, past, n in zip(items, pasts, sizes, strict=True):
+def segments(items: list[Item], causal: bool = True, device: torch.device | str = "cpu") -> list[Segment]:
+    """Where each item's keys and queries sit in the packed row, and what its new tokens see: [q_i, L_i + q_i]."""
+    out, row, col = [], 0, 0
+    for item in items:
+        past, n = cache_len(item.cache), len(item.input_ids)
         new = torch.ones(n, n, dtype=torch.bool)
         if causal:
             new = new.tril()
         if item.groups is not None:
             g = item.groups
             new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
-        mask[0, 0, row : row + n, col : col + past] = True
-        mask[0, 0, row : row + n, past_total + row : past_total + row + n] = new
+        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), new], dim=1)
+        out.append(Segment(slice(col, col + past), slice(row, row + n), mask.to(device)))
         row, col = row + n, col + past
-    return mask
+    return out
 
 
 @torch.inference_mode()
@@ -65,12 +63,15 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
             embeds[0, start:end] = item.embeds
     packed = concat([item.cache for item in items], model)
     past = cache_len(packed)
+    q = starts[-1]
     out = model.base_model(
         inputs_embeds=embeds,
         position_ids=pos,
-        attention_mask=attention_mask(items, getattr(model.config, "is_causal", True)).to(device),
+        # The masks are the segments'; this all-True [1, 1, Q, L + Q] view only tells transformers a mask is prepared.
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(1, 1, q, past + q),
         past_key_values=packed,
         use_cache=True,
+        segments=segments(items, getattr(model.config, "is_causal", True), device),
     )
     for item, start, end in zip(items, starts, starts[1:], strict=False):
         append(item.cache, packed, slice(past + start, past + start + item.keep))
@@ -124,4 +125,3 @@ def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[t
         empty = torch.zeros(1, heads, 0, dim, dtype=model.dtype, device=model.device)
         return empty, empty
     return cache.layers[layer].keys, cache.layers[layer].values
-

@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from services.common import checkpoints
+from services.common.packed_attention import PACKED_SDPA
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -78,7 +79,7 @@ def attention_backend(device: str, reordered: bool) -> str:
     # flash-attn varlen treats non-monotonic position ids as packed sequences, so reordered forwards stay on SDPA.
     if device.startswith("cuda") and not reordered and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    return "sdpa"
+    return PACKED_SDPA
 
 
 def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered: bool = False) -> LoadedModel:

@@ -83,7 +83,7 @@ def test_slots_completed_together_keep_the_kv_of_their_isolated_verification():
     assert model.pasts[block][-8:] == TOKENS[4:12] and ids_in(model, block) == [MASK] * 4
     staging = block - 1  # the verification that completed them, slots isolated by groups
     assert ids_in(model, staging) == TOKENS[4:12]
-    mask = model.calls[staging][1][0, 0, :, -8:]  # [8 queries, 8 new tokens]
+    mask = model.calls[staging][1][0].mask[:, -8:]  # the request's [8 queries, 8 new tokens]
     assert not mask[4:, :4].any()  # slot 2 did not see slot 1
 
 
