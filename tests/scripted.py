@@ -100,7 +100,6 @@ class ScriptedLM(nn.Module):
         input_ids=None,
         inputs_embeds=None,
         position_ids=None,
-        attention_mask=None,
         past_key_values=None,
         use_cache=True,
         segments=None,

@@ -55,15 +55,12 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     ids = torch.tensor([t for item in items for t in item.input_ids], device=device)[None]  # [1, Q]
     pos = torch.tensor([p for item in items for p in item.position_ids], device=device)[None]
     embeds = model.get_input_embeddings()(ids)  # [1, Q, H]
-    starts = [0]
-    for item in items:
-        starts.append(starts[-1] + len(item.input_ids))
-    for item, start, end in zip(items, starts, starts[1:], strict=False):
+    segs = segments(items, getattr(model.config, "is_causal", True), device)
+    for item, seg in zip(items, segs, strict=True):
         if item.embeds is not None:
-            embeds[0, start:end] = item.embeds
+            embeds[0, seg.new] = item.embeds
     packed = concat([item.cache for item in items], model)
-    past = cache_len(packed)
-    q = starts[-1]
+    past, q = cache_len(packed), ids.shape[1]
     out = model.base_model(
         inputs_embeds=embeds,
         position_ids=pos,
@@ -71,13 +68,14 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
         attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(1, 1, q, past + q),
         past_key_values=packed,
         use_cache=True,
-        segments=segments(items, getattr(model.config, "is_causal", True), device),
+        segments=segs,
     )
-    for item, start, end in zip(items, starts, starts[1:], strict=False):
-        append(item.cache, packed, slice(past + start, past + start + item.keep))
+    for item, seg in zip(items, segs, strict=True):
+        start, end = past + seg.new.start, past + seg.new.stop
+        append(item.cache, packed, slice(start, start + item.keep))
         if item.rest is not None:
-            append(item.rest, packed, slice(past + start + item.keep, past + end))
-    hidden = [out.last_hidden_state[0, start:end] for start, end in zip(starts, starts[1:], strict=False)]
+            append(item.rest, packed, slice(start + item.keep, end))
+    hidden = [out.last_hidden_state[0, seg.new] for seg in segs]
     return head(model, hidden, items)
 
 
