@@ -1,13 +1,16 @@
 """A padded batch over requests with different cache lengths equals their forwards one by one."""
 
 import torch
+from transformers import DynamicCache
 
 from services.ar_guider.guider import Guider
+from services.common.batch import Item, forward
 from services.common.kv_manager import KVManager
 from services.common.models import load_model
 from services.common.proposal import Region
 from services.common.request import Request
 from services.dlm_drafter.causal import CausalDrafter
+from tests.scripted import ScriptedLM
 
 
 def requests(loaded, tag: str) -> list[Request]:
@@ -50,3 +53,22 @@ def test_guider_batch_equals_single_forwards(tiny_zoo):
     for a, b in zip(alone, together, strict=True):
         torch.testing.assert_close(a.draft_probs, b.draft_probs, atol=1e-5, rtol=0)
         assert torch.equal(a.target, b.target) and torch.equal(a.topk, b.topk)
+
+
+def cached(cache: DynamicCache) -> list[int]:
+    """The tokens a ScriptedLM's dummy keys stand for, in physical order."""
+    return cache.layers[0].keys[0, 0, :, 0].long().tolist() if cache.get_seq_length() else []
+
+
+def test_a_packed_forward_keeps_each_items_first_keep_tokens_and_hands_it_the_rest():
+    """Per item, behind every other item's past and new tokens: the KV of its first `keep` new tokens joins its cache,
+    and that of the new tokens past `keep` goes to `rest` (the staged KV of slot reuse, 000 §4.2)."""
+    past = DynamicCache()
+    past.update(torch.tensor([3.0, 4.0])[None, None, :, None], torch.tensor([0.0, 1.0])[None, None, :, None], 0)
+    items = [
+        Item(DynamicCache(), [5, 6, 7, 8], [0, 1, 2, 3], keep=1, rest=DynamicCache()),
+        Item(past, [9, 10, 11], [2, 3, 4], keep=2, rest=DynamicCache()),
+    ]
+    forward(ScriptedLM({}, prompt_len=0), items)
+    assert [cached(item.cache) for item in items] == [[5], [3, 4, 9, 10]]
+    assert [cached(item.rest) for item in items] == [[6, 7, 8], [11]]
