@@ -7,7 +7,7 @@ import time
 
 from transformers import AutoTokenizer
 
-from services.orchestrator.detok import TextStream, detokenizer
+from services.orchestrator.api.detok import TextStream, detokenizer
 
 TOKENS, PER_ROUND, REPEATS = 1024, 4, 5
 TEXT = "count from 1 to 9: 1 2 3 4 5 6 7 8 9. déjà vu € 😀 中文; def add(a, b): return a + b\n"

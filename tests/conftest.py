@@ -1,7 +1,7 @@
 import pytest
 
 from services.common.config import EngineConfig
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 from tests.leftovers import leftovers
 from tests.redis_server import find_redis_server, redis_server, unavailable
 from tests.tiny import zoo

@@ -22,8 +22,8 @@ from services.common.models import LoadedModel, ModelMeta
 from services.common.packed_attention import Segment
 from services.filter.host import ROLES as FILTER_ROLES
 from services.filter.host import FilterHost
-from services.orchestrator.engine import Engine
-from services.orchestrator.pool import ModelPool
+from services.orchestrator.engine.engine import Engine
+from services.orchestrator.engine.local_executor import ModelPool
 
 VOCAB, EOS, MASK = 32, 0, 1  # token ids 2 .. VOCAB - 1 are plain tokens
 MAX_FORWARDS = 200  # a decode that does not end fails its test instead of hanging it

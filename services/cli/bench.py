@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.sampling import SamplingParams
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 
 # bench row name -> (strategy, params)
 BASELINES = {"ar": ("ar", {}), "ar-guider": ("ar", {"model": "guider"}), "mdm": ("mdm", {})}

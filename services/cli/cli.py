@@ -11,12 +11,12 @@ from services.cli.train_cli import register as register_training
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
 from services.common.sampling import SamplingParams
-from services.orchestrator.strategies import STRATEGIES
+from services.orchestrator.decode.strategies import STRATEGIES
 from services.training.tasks import FAMILIES
 
 
 def engine_from(args):
-    from services.orchestrator.engine import Engine
+    from services.orchestrator.engine.engine import Engine
 
     if not args.verbose:
         quiet_loading()
@@ -38,7 +38,7 @@ def cmd_generate(args) -> int:
         from services.cli.remote_cli import generate_remote
 
         return generate_remote(args)
-    from services.orchestrator.detok import TextStream, detokenizer
+    from services.orchestrator.api.detok import TextStream, detokenizer
 
     engine = engine_from(args)
     sampling = SamplingParams(args.temperature, args.top_p, args.seed, logprobs=args.logprobs)
@@ -88,7 +88,7 @@ def show(args, delta: str) -> None:
 
 def recording(seq):
     """Record each round of the sequence's decoding (its gate's decisions) for --trace-png / --trace-json."""
-    from services.orchestrator.decoding_trace import DecodingTrace, RecordingGate
+    from services.orchestrator.decode.trace import DecodingTrace, RecordingGate
 
     trace = DecodingTrace(seq.strategy)
     seq.stages.gate = RecordingGate(seq.stages.gate, trace)
@@ -96,7 +96,7 @@ def recording(seq):
 
 
 def write_trace(trace, args, req, engine) -> None:
-    from services.orchestrator.decoding_trace import finish
+    from services.orchestrator.decode.trace import finish
 
     finish(trace, req, engine.decode_text)
     if args.trace_json:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from services.common.sampling import SamplingParams
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@
 
 from services.cli.bench import BenchRow
 from services.cli.load import LoadRow
-from services.orchestrator.decoding_trace import DecodingTrace
+from services.orchestrator.decode.trace import DecodingTrace
 
 
 def pyplot():

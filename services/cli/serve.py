@@ -20,7 +20,7 @@ def serve_ray(config_path: str, flags: dict) -> int:
 
     from services.cli.client import DlmClient
     from services.common.config import EngineConfig
-    from services.orchestrator.app import build_app
+    from services.orchestrator.cluster.app import build_app
 
     config = EngineConfig.from_yaml(config_path, serving=flags)
     host, port = config.serving.host, config.serving.port

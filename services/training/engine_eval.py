@@ -7,7 +7,7 @@ import time
 import torch
 
 from services.common.sampling import SamplingParams
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 from services.training import corpus, tasks
 
 

@@ -19,7 +19,7 @@ from services.training import tasks
 
 
 def evaluate(model_dir: str, n: int = 200, mode: str = "ar") -> dict:
-    from services.orchestrator.engine import Engine
+    from services.orchestrator.engine.engine import Engine
     from services.training.engine_eval import evaluate as engine_eval
 
     if mode == "ar":

@@ -20,7 +20,7 @@ from services.common.models import load_meta, load_model, make_bidirectional
 from services.common.proposal import Region, never_mask
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, new_cache
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 from tests.tiny import tokenizer
 
 SIZES = {

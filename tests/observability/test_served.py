@@ -16,7 +16,7 @@ from services.cli.client import DlmClient
 from services.common.config import EngineConfig
 from services.serving.ray_env import set_ray_env
 from tests.observability.spans import hex_id, memory_exporter
-from tests.orchestrator.test_services import free_port
+from tests.orchestrator.cluster.test_services import free_port
 from tests.replica_processes import replica_pids
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +31,7 @@ def served(tiny_zoo, tmp_path_factory):
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    from services.orchestrator.app import build_app
+    from services.orchestrator.cluster.app import build_app
 
     root = tmp_path_factory.mktemp("obs")
     port, metrics_port, spans = free_port(), free_port(), root / "spans.jsonl"
@@ -69,8 +69,8 @@ def test_a_replica_stage_span_is_a_child_of_its_round_in_memory(served):
     """The orchestrator's side in this process, on the SDK's in-memory exporter; the replicas' side in their file."""
     from ray import serve
 
-    from services.orchestrator.async_engine import AsyncEngine
-    from services.orchestrator.remote import RemoteHosts
+    from services.orchestrator.engine.async_engine import AsyncEngine
+    from services.orchestrator.cluster.remote_executor import RemoteHosts
 
     _, spans_file, _, config = served
     exporter = memory_exporter()

@@ -4,7 +4,7 @@ import json
 import logging
 
 from services.common.config import EngineConfig
-from services.orchestrator.engine import Engine
+from services.orchestrator.engine.engine import Engine
 from tests.observability.spans import memory_exporter
 
 PROMPT = "count from 1 to 9:"

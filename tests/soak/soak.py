@@ -19,7 +19,7 @@ import yaml
 from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.serving.ray_env import set_ray_env
-from tests.orchestrator.test_services import free_port
+from tests.orchestrator.cluster.test_services import free_port
 from tests.redis_server import find_redis_server, redis_server
 from tests.replica_processes import replica_pids
 
@@ -46,7 +46,7 @@ def soak(minutes: float, streams: int, max_new_tokens: int) -> dict:
     import ray
     from ray import serve
 
-    from services.orchestrator.app import build_app
+    from services.orchestrator.cluster.app import build_app
 
     binary = find_redis_server()
     if binary is None:

@@ -1,0 +1,93 @@
+"""A job's rounds as what a client is sent, whatever the transport (gRPC, the OpenAI HTTP API): text deltas cut at
+the first stop string or stop token id, their token ids and logprobs, spans ahead of the prefix, a row per round."""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from services.common.proposal import TokenLogprob
+from services.orchestrator.api.frontend import Job
+from services.orchestrator.api.detok import Detokenizer, TextStream
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str
+    ids: list[int]
+    logprobs: list[TokenLogprob]  # one per id, when the request asked
+    spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed ahead of the prefix
+    sent: int  # token ids sent so far, these included
+    rounds: int
+
+
+@dataclass(slots=True)
+class RoundRow:
+    round: int
+    prefix_tokens: int
+    span_tokens: int
+    elapsed_s: float
+
+
+@dataclass
+class Deltas:
+    job: Job
+    detokenizer: Detokenizer
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: frozenset[int] = frozenset()
+    rows: list[RoundRow] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the committed prefix
+    token_stopped: bool = False
+
+    def __post_init__(self):
+        self.text = TextStream(self.detokenizer, self.stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self.text.stopped or self.token_stopped
+
+    @property
+    def finish_reason(self) -> str | None:
+        return "stop" if self.stopped else self.job.finish_reason
+
+    @property
+    def sent(self) -> int:
+        return self.text.sent_ids
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        async for event in self.job.events():
+            spans = sum(len(ids) for _, ids in event.spans)
+            self.rows.append(RoundRow(len(self.rows) + 1, len(event.ids), spans, event.elapsed_s))
+            if self.stopped:
+                continue  # drain until the backend has released the request
+            ids = self.cut_at_stop_token(event.ids)
+            self.logprobs += event.logprobs[: len(ids)]
+            delta = self.push(ids)
+            if self.stopped:
+                self.job.cancel("stop")
+            else:
+                delta.spans = event.spans
+            if delta.text or delta.ids or delta.spans:
+                yield delta
+        delta = self.flush()
+        if delta.text or delta.ids:
+            yield delta
+
+    def cut_at_stop_token(self, ids: list[int]) -> list[int]:
+        hits = [i for i, t in enumerate(ids) if t in self.stop_token_ids]
+        if not hits:
+            return ids
+        self.token_stopped = True
+        return ids[: hits[0] + 1]
+
+    def push(self, ids: list[int]) -> Delta:
+        before = self.text.sent_ids
+        text, sent = self.text.push(ids)
+        return self.delta(text, sent, before)
+
+    def flush(self) -> Delta:
+        before = self.text.sent_ids
+        text, sent = self.text.flush()
+        return self.delta(text, sent, before)
+
+    def delta(self, text: str, ids: list[int], before: int) -> Delta:
+        logprobs = self.logprobs[before : self.text.sent_ids]
+        return Delta(text, ids, logprobs, [], self.text.sent_ids, len(self.rows))

@@ -1,0 +1,143 @@
+"""The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
+the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Serve proxy (its ingress).
+`serve deploy` takes `services.orchestrator.cluster.app:build_app`."""
+
+import asyncio
+import time
+from dataclasses import asdict
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from services.ar_guider.deployment import GuiderDeployment
+from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.dlm_drafter.deployment import DrafterDeployment
+from services.filter.deployment import FilterDeployment
+from services.orchestrator.cluster.admission import IndexAdmission
+from services.orchestrator.engine.async_engine import AsyncEngine
+from services.orchestrator.api.frontend import EngineBackend
+from services.orchestrator.cluster.metrics import ServeMetrics
+from services.orchestrator.api.openai_api import api, attach
+from services.orchestrator.cluster.remote_executor import RemoteHosts
+from services.orchestrator.api.grpc_server import Server
+from services.orchestrator.engine.telemetry import Telemetry
+from services.serving.indexes import make_index
+from services.serving.replica_router import PinnedRouter
+from services.serving.security import api_key
+
+HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
+
+
+@serve.deployment(name="orchestrator", num_replicas=1)
+@serve.ingress(api)
+class Orchestrator:
+    async def __init__(self, config: dict, **handles: DeploymentHandle):
+        cfg = EngineConfig(**config)
+        torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
+        serving = cfg.serving
+        self.hosts = RemoteHosts(cfg, handles)
+        self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
+        self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
+        admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
+        metrics = ServeMetrics()
+        engines = [
+            AsyncEngine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
+            for i in range(serving.micro_batches)
+        ]
+        self.backend = EngineBackend(*engines)
+        attach(self.backend, serving.limits, api_key(serving.api_key_file))
+        self.server = Server(self.backend, serving.limits)
+        self.port = await self.server.start(f"{serving.host}:{serving.port}")
+        self.channel = grpc.aio.insecure_channel(self.server.local_target(serving.host))
+
+    def address(self) -> str:
+        return f"port {self.port}"
+
+    def requests(self) -> list[str]:
+        """Requests the orchestrator holds (queued or decoding); answers while a model replica is stalled."""
+        return self.backend.live()
+
+    async def live(self) -> dict:
+        """Requests holding state: in the orchestrator, in the index, and per model deployment."""
+        index = await self.index.storage_keys()
+        return {"orchestrator": self.backend.live(), "index": index, **await self.hosts.held()}
+
+    def placements(self) -> dict[str, dict[str, str]]:
+        """Request id -> deployment -> the replica holding its KV."""
+        return {rid: dict(where) for rid, where in self.hosts.placement.where.items()}
+
+    def batch_sizes(self) -> dict:
+        """Per deployment, batch size -> calls the orchestrator sent it."""
+        return {role: dict(sizes) for role, sizes in self.hosts.batches.items()}
+
+    async def check_health(self) -> None:
+        """Serve restarts this replica when it raises: the gRPC server does not answer its health service, or,
+        once the models have loaded, a model deployment has not answered its health check for
+        serving.resume_timeout_s. Not at once: while Serve restarts a model replica, the requests on it wait to resume
+        here, and restarting the orchestrator would lose them."""
+        await health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
+        if not self.backend.ready:
+            return  # models still loading: gRPC health says NOT_SERVING meanwhile
+        roles = list(self.hosts.handles)
+        checks = [asyncio.wait_for(self.hosts.handles[role].check_health.remote(), HEALTH_TIMEOUT_S) for role in roles]
+        done = await asyncio.gather(*checks, return_exceptions=True)
+        now = time.monotonic()
+        for role, result in zip(roles, done, strict=True):
+            if isinstance(result, BaseException):
+                self.down_since.setdefault(role, (now, repr(result)))
+            else:
+                self.down_since.pop(role, None)
+        grace = self.hosts.config.serving.resume_timeout_s
+        down = {role: why for role, (since, why) in self.down_since.items() if now - since >= grace}
+        if down:
+            raise RuntimeError(f"model deployments down for over {grace} s: {down}")
+
+
+def build_app(args: dict | None = None):
+    """args: {"config": path to the dlm YAML}; the same file `dlm serve` reads."""
+    cfg = EngineConfig.from_yaml((args or {}).get("config", DEFAULT_CONFIG))
+    config, serving = asdict(cfg), cfg.serving
+    quiet = {"log_level": "WARNING", "enable_access_log": False}  # a log line per call costs a hop's worth of CPU
+    # OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after
+    # another, so each replica may use every core while the others wait (a spinning one would hold a core).
+    # Two malloc arenas: with glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever
+    # larger packed batches; with 2 it stayed within 1% (tests/soak/soak.py).
+    passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}}
+    model = {
+        "ray_actor_options": {
+            "num_gpus": serving.num_gpus,
+            "num_cpus": 0 if serving.num_gpus else 0.5,
+            "runtime_env": passive,
+        },
+        "max_ongoing_requests": 16,  # a step sends each method one call; releases and health checks come beside
+        "logging_config": quiet,
+    }
+    # Calls go to the replica holding their requests' KV. Without serving.replicas, Serve's default (1) or the Serve
+    # config's num_replicas / autoscaling_config decide how many run.
+    pinned = {**model, "request_router_config": RequestRouterConfig(request_router_class=PinnedRouter)}
+
+    def options(deployment: str, base: dict) -> dict:
+        count = serving.replicas.get(deployment)
+        return {**base, "name": deployment, **({"num_replicas": count} if count else {})}
+
+    handles = {}
+    if {"drafter", "drafter_bidirectional"} & set(cfg.models):
+        handles["drafter"] = DrafterDeployment.options(**options("drafter", pinned)).bind(config)
+    if "guider" in cfg.models:
+        handles["guider"] = GuiderDeployment.options(**options("guider", pinned)).bind(config, "guider")
+    if "ar" in cfg.models:
+        handles["ar"] = GuiderDeployment.options(**options("ar", pinned)).bind(config, "ar")
+    if {"filter", "filter_bidirectional"} & set(cfg.models):  # one deployment hosts both families' filters
+        filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
+        handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
+    logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
+    orchestrator = {
+        "ray_actor_options": {"num_cpus": 0.5, "runtime_env": passive},
+        "logging_config": logs,
+        "max_ongoing_requests": 1000,
+    }
+    return Orchestrator.options(**orchestrator).bind(config, **handles)

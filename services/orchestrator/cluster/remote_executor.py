@@ -1,0 +1,155 @@
+"""The Ray Serve model deployments as the engine's hosts: each of a step's call groups goes out as one Serve call,
+all of them at once, and the step awaits them together. A request crosses the hop as a copy; what the call did to
+it (the sampling RNG, tokens processed) comes back in its Reply.
+
+A deployment that holds KV may run several replicas: each group is split by the replica that holds each request's KV
+(services/orchestrator/cluster/placement.py), one call per replica. When a replica is lost (its actor died, or a call to it
+timed out) its requests move to a live replica, which rebuilds their KV from the request it is sent, and the call
+goes again: the round goes on, later. A request that finds no replica within `serving.resume_timeout_s` fails with
+Unavailable."""
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.handle import DeploymentHandle
+
+from services.common.calls import Reply
+from services.common.config import EngineConfig
+from services.common.models import ModelMeta, load_meta
+from services.orchestrator.decode.round import Groups, Parents, Results
+from services.orchestrator.cluster.placement import Placement
+from services.orchestrator.engine.local_executor import first_role
+from services.orchestrator.engine.scheduler import Unavailable
+from services.serving.live_replicas import live_replicas
+from services.serving.pickling import pack_args
+
+log = logging.getLogger(__name__)
+
+LOST = (RayActorError, ActorUnavailableError, TimeoutError)  # the replica, not the call, failed: move and retry
+RETRY_S = 0.2  # between looks for a live replica while Serve restarts one
+
+
+class RemoteHosts:
+    def __init__(self, config: EngineConfig, handles: dict[str, DeploymentHandle]):
+        self.config, self.handles = config, handles
+        kv = [d for d in ("drafter", "guider", "ar") if d in handles]  # the filter holds no request state
+        self.placement = Placement(kv, live_replicas, config.serving.kv_budget_tokens)
+        self.roles = frozenset(config.models)  # AR decoding on the drafter (drafter_ar) runs in process only
+        self.metadata: ModelMeta | None = None
+        self.block_sizes: dict[str, int] = {}  # drafter family -> its filter's block
+        self.batches: dict[str, Counter[int]] = {role: Counter() for role in handles}  # batch size -> calls
+        self.resuming: set[str] = set()  # requests whose replica was lost and that wait for another
+
+    def deployment(self, role: str) -> str:
+        deployment = "drafter" if role == "drafter_bidirectional" else role  # one deployment hosts both drafters
+        if deployment not in self.handles:
+            raise ValueError(f"model {role!r} is not served by this deployment (served: {sorted(self.handles)})")
+        return deployment
+
+    def replica_of(self, request_id: str, role: str) -> str:
+        """The replica holding a request's KV for `role`, or the deployment's name for a stateless one."""
+        deployment = self.deployment(role)
+        return self.placement.replica(request_id, deployment) or deployment
+
+    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
+        """Each group as calls of its replicas' `run` (services/serving/replica.py), with its calls' round
+        traceparents when traced."""
+        keys = list(groups)
+        calls = [self.call(*key, groups[key], parents and parents[key]) for key in keys]
+        return dict(zip(keys, await asyncio.gather(*calls, return_exceptions=True), strict=True))
+
+    async def call(self, role: str, method: str, args: list[tuple], parents: list[str] | None) -> list[Reply]:
+        """One group: a call per replica holding its requests' KV (one call for a stateless deployment)."""
+        deployment = self.deployment(role)
+        if deployment not in self.placement.deployments:
+            return await self.send(role, deployment, None, method, args, parents)
+        live, parts = set(self.placement.live(deployment)), {}
+        for i, call in enumerate(args):
+            replica = self.placement.replica(call[0].id, deployment)
+            if replica is None or (live and replica not in live):  # not placed yet, or its replica was scaled down
+                replica = self.placement.move(call[0].id, deployment, set())
+            parts.setdefault(replica, []).append(i)
+        shares = await asyncio.gather(
+            *(self.pinned(role, deployment, replica, method, args, parents, at) for replica, at in parts.items()),
+            return_exceptions=True,
+        )
+        replies: list[Reply] = [None] * len(args)
+        for at, share in zip(parts.values(), shares, strict=True):
+            if isinstance(share, BaseException):
+                raise share
+            for i, reply in zip(at, share, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def pinned(self, role, deployment, replica, method, args, parents, at: list[int]) -> list[Reply]:
+        """The share of a group at positions `at` on one replica; moved and sent again if that replica is lost."""
+        share, share_parents = [args[i] for i in at], parents and [parents[i] for i in at]
+        try:
+            return await self.send(role, deployment, replica, method, share, share_parents)
+        except LOST as e:
+            log.warning("%s replica %s lost (%r): moving %d requests", deployment, replica, e, len(share))
+            await self.move([call[0].id for call in share], deployment, replica, e)
+        return await self.call(role, method, share, share_parents)
+
+    async def send(self, role, deployment, replica, method, args, parents) -> list[Reply]:
+        self.batches[role][len(args)] += 1
+        response = self.handles[deployment].run.remote(method, pack_args(args), parents, replica=replica)
+        return await asyncio.wait_for(response, self.config.serving.call_timeout_s)
+
+    async def move(self, request_ids: list[str], deployment: str, lost: str, why: BaseException) -> None:
+        """Re-place requests away from a lost replica, waiting for Serve to start one if none is live."""
+        give_up = time.monotonic() + self.config.serving.resume_timeout_s
+        self.resuming.update(request_ids)
+        try:
+            for rid in request_ids:
+                while self.placement.move(rid, deployment, {lost}) is None:
+                    if time.monotonic() > give_up:
+                        raise Unavailable(f"{deployment} replica {lost} was lost ({why!r}) and no other took over")
+                    await asyncio.sleep(RETRY_S)
+        finally:
+            self.resuming.difference_update(request_ids)
+
+    def release(self, role: str, request_ids: list[str]) -> None:
+        """Free the KV of ended requests where it lives; nothing waits on it."""
+        deployment = self.deployment(role)
+        if deployment not in self.placement.deployments:
+            return
+        held: dict[str | None, list[str]] = {}
+        for rid in request_ids:
+            held.setdefault(self.placement.forget(rid, deployment), []).append(rid)
+        for replica, ids in held.items():
+            self.handles[deployment].release.remote(ids, replica=replica)
+
+    def filter_block_size(self, drafter: str) -> int:
+        if drafter not in self.block_sizes:
+            raise ValueError(f"no filter for the {drafter} drafter is served here")
+        return self.block_sizes[drafter]
+
+    async def start(self, timeout_s: float = 600.0) -> None:
+        """Wait until every deployment is healthy."""
+        deadline = time.monotonic() + timeout_s
+        for role in self.handles:
+            while True:
+                try:
+                    await self.handles[role].check_health.remote()
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        if "filter" in self.handles:
+            self.block_sizes = await self.handles["filter"].block_sizes.remote()
+
+    def meta(self) -> ModelMeta:
+        if self.metadata is None:
+            self.metadata = load_meta(self.config.path(first_role(self.config)))
+        return self.metadata
+
+    async def held(self) -> dict[str, dict[str, int]]:
+        """Per deployment, request id -> KV tokens it holds."""
+        roles = [role for role in ("drafter", "guider", "ar") if role in self.handles]
+        held = await asyncio.gather(*(self.handles[role].held.remote() for role in roles))
+        return dict(zip(roles, held, strict=True))

@@ -1,0 +1,170 @@
+"""KV admission: the scheduler's queue in front of each replica's budget, and an index kept round by round, through
+the index being down and coming back."""
+
+import asyncio
+
+import pytest
+
+from services.orchestrator.cluster.admission import IndexAdmission
+from services.orchestrator.engine.engine import Engine
+from services.orchestrator.cluster.placement import Placement
+from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
+from services.serving.cache_index import EmbeddedCacheIndex, IndexUnavailable
+
+
+def engine_with(engine, budget: int, max_queue: int = 4, index=None) -> Engine:
+    placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
+    admission = IndexAdmission(index or EmbeddedCacheIndex(), placement, ttl_s=60)
+    config = engine.config
+    serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
+    return Engine(type(config)(models=config.models, serving=serving), models=engine.models, admission=admission)
+
+
+def mirrored(eng: Engine) -> EmbeddedCacheIndex:
+    """The index once the admission's writes reached it (no writer task: the test applies them)."""
+    admission = eng.scheduler.admission
+    asyncio.run(admission.writer.flush())
+    return admission.writer.index
+
+
+def test_queue_then_refuse_then_admit_on_release(engine):
+    eng = engine_with(engine, budget=60, max_queue=1)
+    first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    eng.step()
+    assert asyncio.run(mirrored(eng).replica_tokens("d0")) == first.prompt_len + 40
+    second = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
+    eng.step()
+    assert [s.req.id for s in eng.scheduler.waiting] == [second.id]  # no room: it waits
+    with pytest.raises(ResourceExhausted, match="waiting"):
+        eng.add_request("def add(a, b):", "streaming", max_new_tokens=40)
+    eng.abort(first.id)
+    eng.step()  # the abort frees first's tokens, and second is admitted in the same step
+    index = mirrored(eng)
+    assert asyncio.run(index.get(first.id)) is None and asyncio.run(index.get(second.id)) is not None
+    assert asyncio.run(index.holdings("d0")) == {second.id: second.prompt_len + 40}
+    assert [s.req.id for s in eng.scheduler.running] == [second.id]
+    eng.cancel([second])
+
+
+def test_request_larger_than_budget_is_refused(engine):
+    with pytest.raises(ResourceExhausted, match="budget"):
+        engine_with(engine, budget=10).add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+
+
+def test_index_records_commits_and_forgets_the_request(engine):
+    eng = engine_with(engine, budget=1000)
+    req = eng.request("count from 1 to 9:", max_new_tokens=12)
+    rounds = eng.stream(req, "slot", {"slot_size": 4, "block_size": 8})
+    next(rounds)
+    next(rounds)
+    entry = asyncio.run(mirrored(eng).get(req.id))
+    assert entry.order == req.order and entry.token_ids == req.tokens[req.order].tolist()
+    assert entry.committed_len == len(req.order)
+    assert entry.strategy == "slot" and entry.drafter == "d0"
+    rounds.close()  # a cancelled request: everything goes
+    index = mirrored(eng)
+    assert asyncio.run(index.keys(req.id)) == [] and asyncio.run(index.replica_tokens("d0")) == 0
+    assert all(req.id not in host.kv.caches for host in eng.models.hosts.values() if hasattr(host, "kv"))
+
+
+def test_a_moved_request_is_recorded_on_its_new_replica(engine):
+    eng = engine_with(engine, budget=100)
+    req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    eng.step()
+    placement, tokens = eng.scheduler.admission.placement, req.prompt_len + 40
+    placement.live = {"drafter": ["d0"], "guider": ["g0", "g1"]}.__getitem__
+    placement.move(req.id, "guider", gone={"g0"})  # what the remote hosts do when g0 is lost
+    eng.step()  # the round's progress follows it
+    index = mirrored(eng)
+    assert asyncio.run(index.route(req.id)) == ("d0", "g1")
+    assert asyncio.run(index.holdings("g0")) == {} and asyncio.run(index.holdings("g1")) == {req.id: tokens}
+    assert asyncio.run(index.get(req.id)).order == req.order  # its commits went along
+    assert placement.used == {"d0": tokens, "g0": 0, "g1": tokens}
+    eng.cancel([req])
+
+
+def test_waiting_request_past_its_deadline_ends_without_running(engine):
+    eng = engine_with(engine, budget=60)
+    first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    late = eng.request("copy: the lazy dog", max_new_tokens=40)
+    eng.add(late, "streaming", deadline=0.0)
+    outs = eng.step()
+    assert [(o.request_id, o.event.finish_reason) for o in outs if o.request_id == late.id] == [(late.id, "deadline")]
+    assert late.stats.rounds == 0
+    eng.cancel([first])
+
+
+class Flaky:
+    """An embedded index that can be down (IndexUnavailable) and can lose everything (a restart without persistence)."""
+
+    def __init__(self):
+        self.inner, self.up = EmbeddedCacheIndex(), True
+
+    def __str__(self) -> str:
+        return "Redis at test"
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+
+        async def call(*args, **kwargs):
+            if not self.up:
+                raise IndexUnavailable("Connection refused")
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def settled(admission: IndexAdmission, down: bool) -> None:
+    for _ in range(200):
+        if (admission.writer.down is not None) == down and not admission.writer.queue:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"writer never settled down={down}: {admission.writer.down}, {admission.writer.queue}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "noticed, lost",
+    [("write", False), ("ping", False), ("ping", True), (None, True)],
+    ids=["down-noticed-by-a-write", "down-noticed-by-a-ping", "restarted-empty", "restarted-empty-unnoticed"],
+)
+async def test_index_outage_loses_no_record_and_leaves_no_key(engine, monkeypatch, noticed, lost):
+    """The index is unreachable for a while (noticed by a failed write or by the idle ping), keeping its data or
+    losing it (a restart without persistence); or it restarts empty between two writes, unnoticed but for a commit
+    to a missing entry. A request ends meanwhile: its release must reach the index too."""
+    monkeypatch.setattr("services.orchestrator.cluster.index_writer.HEARTBEAT_S", 0.05)
+    index = Flaky()
+    eng = engine_with(engine, budget=1000, index=index)
+    admission = eng.scheduler.admission
+    await admission.start()
+    ended = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    live = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
+    eng.step()
+    await settled(admission, down=False)
+    assert (await index.inner.get(ended.id)) is not None
+    index.up = noticed is None
+    if noticed == "ping":
+        await settled(admission, down=True)
+    eng.abort(ended.id)
+    eng.step()  # ends `ended`; `live` goes on from the admission's copy
+    if noticed is not None:
+        await settled(admission, down=True)
+        with pytest.raises(Unavailable, match=r"cache index \(Redis at test\) unavailable: Connection refused"):
+            eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)
+        eng.step()
+    if lost:
+        index.inner = EmbeddedCacheIndex()
+    index.up = True
+    eng.step()  # unnoticed: this step's commit finds no entry
+    await settled(admission, down=False)
+    assert await index.inner.keys(ended.id) == []
+    entry = await index.inner.get(live.id)
+    assert entry.order == live.order and entry.token_ids == live.tokens[live.order].tolist()
+    assert entry.committed_len == len(live.order) and entry.drafter == "d0"
+    tokens = live.prompt_len + 40
+    assert await index.inner.holdings("d0") == {live.id: tokens} == await index.inner.holdings("g0")
+    eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)  # admitted again
+    eng.cancel([s.req for s in eng.sequences.values()])
+    await settled(admission, down=False)
+    assert not [k for k in await index.inner.storage_keys() if ":req:" in k]
+    admission.writer.task.cancel()

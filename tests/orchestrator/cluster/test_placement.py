@@ -1,0 +1,27 @@
+"""Placement: new requests on the live replica with the most free KV budget; a request whose replica is gone moves
+to the freest live one (tests/orchestrator/cluster/test_admission.py: the cache index follows it)."""
+
+from services.orchestrator.cluster.placement import Placement
+
+
+def test_new_requests_go_to_the_freest_live_replica_until_none_has_room():
+    live = {"drafter": ["d0", "d1"], "guider": ["g0"]}
+    placement = Placement(("drafter", "guider"), live.__getitem__, budget_tokens=100)
+    assert placement.place("a", 40) == {"drafter": "d0", "guider": "g0"}
+    assert placement.place("b", 30) == {"drafter": "d1", "guider": "g0"}
+    assert placement.place("c", 20) == {"drafter": "d1", "guider": "g0"}  # d1 holds 30, d0 40
+    assert placement.place("d", 20) is None  # g0 holds 90 of 100
+    placement.free("a")
+    assert placement.place("d", 20) == {"drafter": "d0", "guider": "g0"}
+
+
+def test_a_request_moves_off_a_lost_replica_and_waits_while_none_is_live():
+    live = {"drafter": ["d0", "d1"]}
+    placement = Placement(("drafter",), lambda d: live[d], budget_tokens=100)
+    placement.place("a", 10), placement.place("b", 60)
+    assert placement.move("b", "drafter", gone={"d1"}) == "d0"
+    assert placement.used["d0"] == 70 and placement.used["d1"] == 0
+    live["drafter"] = []  # Serve restarts the only replica
+    assert placement.move("a", "drafter", gone={"d0"}) is None and placement.replica("a", "drafter") == "d0"
+    live["drafter"] = ["d2"]
+    assert placement.move("a", "drafter", gone={"d0"}) == "d2"

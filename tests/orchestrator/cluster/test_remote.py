@@ -1,0 +1,88 @@
+"""RemoteHosts over stand-in deployment handles: a group splits into one call per replica holding its requests' KV,
+and the requests of a lost or scaled-down replica move to a live one and their call goes again."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from services.common.calls import Reply
+from services.common.config import EngineConfig, ServingConfig
+from services.orchestrator.cluster.remote_executor import RemoteHosts
+from services.orchestrator.engine.scheduler import Unavailable
+from services.serving import live_replicas
+
+
+class Deployment:
+    """A handle whose `run` answers each call with the replica that took it, or dies on the replicas in `dead`."""
+
+    def __init__(self, dead: set[str] = frozenset()):
+        self.calls: list[tuple[str | None, list[str]]] = []
+        self.dead = set(dead)
+        self.run = SimpleNamespace(remote=self.remote)
+
+    async def remote(self, method, args, parents, replica=None):
+        self.calls.append((replica, [call[0].id for call in args]))
+        if replica in self.dead:
+            raise ActorDiedError()
+        return [Reply(replica) for _ in args]
+
+
+@pytest.fixture
+def hosts(monkeypatch):
+    monkeypatch.setattr(live_replicas, "LIVE", {"drafter": ["d0", "d1"]})
+    drafter = Deployment()
+    config = EngineConfig(serving=ServingConfig(resume_timeout_s=0.5))
+    return RemoteHosts(config, {"drafter": drafter, "filter": Deployment()}), drafter
+
+
+def calls(*rids: str) -> list[tuple]:
+    return [(SimpleNamespace(id=rid), "args") for rid in rids]
+
+
+def values(results, key=("drafter", "propose")) -> list:
+    return [reply.value for reply in results[key]]
+
+
+def test_a_group_goes_to_each_replica_with_only_the_requests_it_holds(hosts):
+    remote, drafter = hosts
+    for rid, tokens in [("a", 10), ("b", 10), ("c", 10)]:
+        remote.placement.place(rid, tokens)  # a -> d0, b -> d1, c -> d0
+    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b", "c")}))
+    assert values(results) == ["d0", "d1", "d0"]
+    assert sorted(drafter.calls) == [("d0", ["a", "c"]), ("d1", ["b"])]
+
+
+def test_a_lost_replicas_requests_move_and_their_call_goes_again(hosts):
+    remote, drafter = hosts
+    remote.placement.place("a", 10), remote.placement.place("b", 10)
+    drafter.dead.add("d0")
+    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b")}))
+    assert values(results) == ["d1", "d1"]
+    assert ("d0", ["a"]) in drafter.calls and ("d1", ["a"]) in drafter.calls
+    assert remote.placement.replica("a", "drafter") == "d1" and not remote.resuming
+
+
+def test_a_scaled_down_replicas_requests_move_before_the_call(hosts):
+    remote, drafter = hosts
+    remote.placement.place("a", 10), remote.placement.place("b", 10)
+    live_replicas.LIVE["drafter"] = ["d1"]  # Serve drained d0
+    assert values(asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b")}))) == ["d1", "d1"]
+    assert drafter.calls == [("d1", ["a", "b"])]
+
+
+def test_no_live_replica_within_the_resume_timeout_is_unavailable(hosts):
+    remote, drafter = hosts
+    remote.placement.place("a", 10)
+    drafter.dead.update({"d0", "d1"})
+    live_replicas.LIVE["drafter"] = ["d0"]
+    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a")}))
+    assert isinstance(results["drafter", "propose"], Unavailable)
+
+
+def test_the_stateless_filter_is_one_call_to_any_replica(hosts):
+    remote, _ = hosts
+    filter_ = remote.handles["filter"]
+    asyncio.run(remote.execute({("filter", "accept_probs"): calls("a", "b")}))
+    assert filter_.calls == [(None, ["a", "b"])]

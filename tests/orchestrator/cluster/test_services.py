@@ -1,0 +1,306 @@
+"""The distributed pipeline end to end: a local Ray, the Serve app on tiny models, gRPC over loopback."""
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import yaml
+
+from services.cli.client import DlmClient
+from services.common.config import EngineConfig
+from services.common.sampling import SamplingParams
+from services.orchestrator.engine.engine import Engine
+from services.serving.ray_env import set_ray_env
+from tests.replica_processes import replica_pids
+
+pytestmark = pytest.mark.e2e
+
+CASES = {
+    "guided": {"block_size": 8},
+    "slot": {"slot_size": 4, "block_size": 8},
+    "streaming": {"window": 6},
+    "pipeline": {"window": 6},
+    "learn2pd": {"block_size": 8},  # the bidirectional drafter's filter, beside pipeline's causal one
+}
+PROMPT = "count from 1 to 9:"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served_app(engine: dict, config_path, num_cpus: int = 4):
+    """A local Ray and the Serve app on this engine config (gRPC on a free loopback port), SERVING -> (client, app)."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from services.orchestrator.cluster.app import build_app
+
+    port = free_port()
+    engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
+    config_path.write_text(yaml.safe_dump({"engine": engine}))
+    set_ray_env()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
+    client = DlmClient(f"127.0.0.1:{port}", timeout=120)
+    try:
+        deadline = time.monotonic() + 180
+        while client.health() != "SERVING":
+            assert time.monotonic() < deadline, "the service never became SERVING"
+            time.sleep(0.5)
+        yield client, app
+    finally:
+        client.close()
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=["embedded", "redis"])
+def service(request, tiny_zoo, tmp_path_factory):
+    """The app on tiny models, its cache index embedded or on a redis-server the suite starts."""
+    serving = {"redis_url": request.getfixturevalue("redis_url")} if request.param == "redis" else {}
+    config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
+    with served_app({"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}, config) as (client, app):
+        yield client, app, Engine(EngineConfig.from_yaml(str(config)))
+
+
+def streamed(client, strategy: str, params: dict, **kw) -> tuple[list[int], str]:
+    ids, text = [], ""
+    for event in client.stream(PROMPT, strategy=strategy, params=params, max_new_tokens=16, **kw):
+        if hasattr(event, "text") and hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
+            ids.extend(event.token_ids)
+            text += event.text
+    return ids, text
+
+
+@pytest.mark.parametrize("strategy", list(CASES))
+def test_stream_equals_unary_equals_in_process(service, strategy):
+    client, _, engine = service
+    params = CASES[strategy]
+    local = engine.generate(PROMPT, strategy, params, 16)
+    unary = client.generate(PROMPT, strategy=strategy, params=params, max_new_tokens=16)
+    ids, text = streamed(client, strategy, params)
+    assert list(unary.token_ids) == local.token_ids == ids
+    assert unary.text == local.text == text
+
+
+def test_concurrent_streams_batch_on_the_drafter(service):
+    client, app, engine = service
+    expected = engine.generate(PROMPT, "streaming", CASES["streaming"], 16).token_ids
+    results = [None] * 8
+
+    def run(i: int) -> None:
+        results[i] = streamed(client, "streaming", CASES["streaming"])[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(r == expected for r in results)
+    sizes = app.batch_sizes.remote().result()["drafter"]
+    assert max(int(k) for k in sizes) > 1, sizes
+
+
+def test_cancelled_stream_leaves_no_state(service):
+    client, app, _ = service
+    stream = client.stream(PROMPT, strategy="pipeline", params={"window": 4}, max_new_tokens=400, request_id="gone")
+    next(stream)  # decoding has started
+    assert "gone" in app.live.remote().result()["drafter"]
+    stream.close()  # cancels the call
+    deadline = time.monotonic() + 1.0
+    while True:
+        live = app.live.remote().result()
+        holders = [live[role] for role in ("drafter", "guider", "ar")]
+        if not live["orchestrator"] and not any(holders) and not [k for k in live["index"] if "gone" in k]:
+            break
+        assert time.monotonic() < deadline, f"state left after cancellation: {live}"
+        time.sleep(0.05)
+
+
+def test_index_tracks_a_live_request_and_forgets_it(service):
+    client, app, _ = service
+    stream = client.stream(
+        PROMPT, strategy="slot", params={"slot_size": 4, "block_size": 8}, max_new_tokens=64, request_id="tracked"
+    )
+    next(stream)
+    assert [k for k in app.live.remote().result()["index"] if "tracked" in k]
+    list(stream)  # runs to completion
+    deadline = time.monotonic() + 1.0
+    while [k for k in app.live.remote().result()["index"] if "tracked" in k]:
+        assert time.monotonic() < deadline, "index keys left after completion"
+        time.sleep(0.05)
+
+
+def test_bad_request_gets_invalid_argument_and_service_goes_on(service):
+    client, _, _ = service
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate(PROMPT, strategy="streaming", params={"window": 0}, max_new_tokens=16)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "window" in err.value.details()
+    assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+
+
+def replica_pid(deployment: str) -> int:
+    [pid] = replica_pids(deployment)
+    return pid
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_sixteen_concurrent_streams_equal_in_process(service):
+    client, _, engine = service
+    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=200 + i)) for i in range(16)]
+    expected = [
+        engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)).token_ids for s, sampling in jobs
+    ]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
+    assert got == expected
+
+
+def test_sixty_four_streams_complete_on_a_bounded_number_of_threads(service):
+    client, app, _ = service
+    pid = replica_pid("orchestrator")
+    before, peak, done = threads(pid), 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, threads(pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(lambda _: streamed(client, "streaming", CASES["streaming"])[0], range(64)))
+    finally:
+        done.set()
+        sampler.join()
+    assert len(results) == 64 and all(results)
+    assert peak - before <= 8, f"orchestrator threads grew from {before} to {peak} with 64 streams"
+    assert app.requests.remote().result() == []
+
+
+def test_deadline_passes_while_a_replica_is_stalled(service):
+    client, app, _ = service
+    drafter = replica_pid("drafter")
+    os.kill(drafter, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with DlmClient(client.target, timeout=2.0) as hurried, pytest.raises(grpc.RpcError) as err:
+            hurried.generate(PROMPT, strategy="streaming", params=CASES["streaming"], max_new_tokens=16)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        while app.requests.remote().result():  # the orchestrator let go of it, the replica still stopped
+            assert time.monotonic() - start < 3.0, "the request outlived its deadline + 1 s in the orchestrator"
+            time.sleep(0.05)
+    finally:
+        os.kill(drafter, signal.SIGCONT)
+    assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+
+
+@pytest.fixture
+def redis_process_of(service, request):
+    """The redis-server behind the service's index (skips on the embedded index); running again after the test."""
+    if request.node.callspec.params["service"] != "redis":
+        pytest.skip("the embedded index cannot go down")
+    server = request.getfixturevalue("redis_process")
+    yield server
+    if server.proc is None:
+        server.start()
+
+
+def index_keys(url: str, words: list[str]) -> list[str]:
+    import redis
+
+    with redis.Redis.from_url(url) as r:
+        return [k.decode() for k in r.scan_iter() if any(w in k.decode() for w in words)]
+
+
+def test_redis_restarted_mid_run(service, redis_process_of):
+    """8 streams run while Redis stops and starts again (empty): they end with the undisturbed text, the
+    orchestrator writes the live ones' records again once Redis is back, and no key of theirs is left."""
+    client, app, _ = service
+    server, params, n = redis_process_of, CASES["streaming"], 64
+    samplings = [dict(temperature=0.8, top_p=0.95, seed=500 + i) for i in range(8)]
+    ids, results = [f"restarted-{i}" for i in range(8)], [None] * 8
+    started = [threading.Event() for _ in range(8)]
+
+    def run(i: int) -> None:
+        got = []
+        for event in client.stream(
+            PROMPT, strategy="streaming", params=params, max_new_tokens=n, request_id=ids[i], **samplings[i]
+        ):
+            if hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
+                got.extend(event.token_ids)
+                started[i].set()
+        results[i] = got
+
+    calm = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in calm:
+        t.start()
+    for t in calm:
+        t.join(120)
+    undisturbed, started = list(results), [threading.Event() for _ in range(8)]
+    streams = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in streams:
+        t.start()
+    assert all(e.wait(60) for e in started)
+    drafter = replica_pid("drafter")
+    server.stop()
+    time.sleep(0.1)  # rounds go on while Redis is down
+    os.kill(drafter, signal.SIGSTOP)  # holds the streams mid-run across the restart
+    try:
+        live = app.requests.remote().result()
+        assert live, "every stream ended before Redis came back: nothing to re-write"
+        server.start()
+        deadline = time.monotonic() + 5.0
+        while {rid for rid in live if not index_keys(server.url, [rid])}:
+            assert time.monotonic() < deadline, f"records not written again: {index_keys(server.url, live)}"
+            time.sleep(0.05)
+    finally:
+        os.kill(drafter, signal.SIGCONT)
+    for t in streams:
+        t.join(120)
+    assert results == undisturbed
+    deadline = time.monotonic() + 5.0
+    while index_keys(server.url, ids):
+        assert time.monotonic() < deadline, f"index keys left: {index_keys(server.url, ids)}"
+        time.sleep(0.05)
+
+
+def test_new_request_gets_unavailable_while_redis_is_down(service, redis_process_of):
+    client, _, _ = service
+    server = redis_process_of
+    server.stop()
+    deadline = time.monotonic() + 5.0  # a request before the orchestrator noticed goes on from its own copy
+    while True:
+        try:
+            client.generate(PROMPT, strategy="streaming", max_new_tokens=8)
+        except grpc.RpcError as e:
+            err = e
+            break
+        assert time.monotonic() < deadline, "requests were still accepted 5 s after Redis stopped"
+        time.sleep(0.1)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    assert "cache index (Redis at 127.0.0.1:" in err.details() and "unavailable" in err.details()
+    server.start()
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            assert len(client.generate(PROMPT, strategy="streaming", max_new_tokens=8).token_ids) > 0
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, e
+            time.sleep(0.1)
