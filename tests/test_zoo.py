@@ -5,8 +5,8 @@ import os
 import pytest
 
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.orchestrator.engine.engine import Engine
 from services.orchestrator.decode.strategies import STRATEGIES
+from services.orchestrator.engine.engine import Engine
 
 CONFIG = EngineConfig.from_yaml(DEFAULT_CONFIG, max_new_tokens=24)
 pytestmark = [

@@ -132,10 +132,10 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
     import logging
 
     from services.common.config import EngineConfig
-    from services.orchestrator.cluster.admission import local_admission
     from services.orchestrator.api.frontend import EngineBackend
-    from services.orchestrator.engine.engine import Engine
     from services.orchestrator.api.grpc_server import serve
+    from services.orchestrator.cluster.admission import local_admission
+    from services.orchestrator.engine.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)

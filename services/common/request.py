@@ -21,7 +21,7 @@ class Request:
     decided: torch.Tensor = None  # [max_new_tokens] bool, a decided token never changes
     filled: torch.Tensor = None  # [max_new_tokens] bool, a tentative draft kept as context, may be replaced
     committed: torch.Tensor = None  # [max_new_tokens] bool, in `order` (its KV belongs in the drafter cache)
-    horizon: int = 0  # end of the canvas the models see; EOS truncation shrinks it (services/orchestrator/decode/commit.py)
+    horizon: int = 0  # end of the canvas the models see; EOS truncation shrinks it (decode/commit.py)
     order: list[int] = field(default_factory=list)  # committed positions in physical (commit) order
     emitted: int = 0  # length of the contiguous prefix already streamed out
     finish_reason: str | None = None

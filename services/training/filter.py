@@ -28,8 +28,8 @@ from services.common.proposal import Proposal, Region
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import Vicinity
 from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
-from services.orchestrator.engine.engine import Engine, Prompt
 from services.orchestrator.decode.strategies import DRAFTERS
+from services.orchestrator.engine.engine import Engine, Prompt
 from services.training import tasks
 
 Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (confidence, label, active), each [block]

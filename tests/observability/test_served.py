@@ -69,8 +69,8 @@ def test_a_replica_stage_span_is_a_child_of_its_round_in_memory(served):
     """The orchestrator's side in this process, on the SDK's in-memory exporter; the replicas' side in their file."""
     from ray import serve
 
-    from services.orchestrator.engine.async_engine import AsyncEngine
     from services.orchestrator.cluster.remote_executor import RemoteHosts
+    from services.orchestrator.engine.async_engine import AsyncEngine
 
     _, spans_file, _, config = served
     exporter = memory_exporter()

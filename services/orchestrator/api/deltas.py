@@ -5,8 +5,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from services.common.proposal import TokenLogprob
-from services.orchestrator.api.frontend import Job
 from services.orchestrator.api.detok import Detokenizer, TextStream
+from services.orchestrator.api.frontend import Job
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ from services.common.proposal import TokenLogprob
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.api.detok import Detokenizer, detokenizer
-from services.orchestrator.engine.engine import AlreadyExists, Engine, Output
 from services.orchestrator.decode.strategies import STRATEGIES, make_params
+from services.orchestrator.engine.engine import AlreadyExists, Engine, Output
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from grpc_reflection.v1alpha import reflection
 from services.common.config import Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
-from services.orchestrator.api.frontend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.api.deltas import Deltas
+from services.orchestrator.api.frontend import AlreadyExists, EngineBackend, Job, Spec
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.security import TokenAuth, api_key, server_credentials
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message

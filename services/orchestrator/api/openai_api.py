@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from services.common.config import LimitExceeded, Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
-from services.orchestrator.api.frontend import EngineBackend, Job, Spec
 from services.orchestrator.api.deltas import Delta, Deltas
+from services.orchestrator.api.frontend import EngineBackend, Job, Spec
 from services.orchestrator.api.openai_protocol import (
     MODEL_ID,
     ChatCompletionRequest,
@@ -25,8 +25,8 @@ from services.orchestrator.api.openai_protocol import (
     now,
     usage,
 )
-from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.orchestrator.decode.strategies import STRATEGIES, make_params
+from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # others (cancelled, deadline) keep their names
 

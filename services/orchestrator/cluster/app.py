@@ -17,13 +17,13 @@ from services.ar_guider.deployment import GuiderDeployment
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
-from services.orchestrator.cluster.admission import IndexAdmission
-from services.orchestrator.engine.async_engine import AsyncEngine
 from services.orchestrator.api.frontend import EngineBackend
-from services.orchestrator.cluster.metrics import ServeMetrics
-from services.orchestrator.api.openai_api import api, attach
-from services.orchestrator.cluster.remote_executor import RemoteHosts
 from services.orchestrator.api.grpc_server import Server
+from services.orchestrator.api.openai_api import api, attach
+from services.orchestrator.cluster.admission import IndexAdmission
+from services.orchestrator.cluster.metrics import ServeMetrics
+from services.orchestrator.cluster.remote_executor import RemoteHosts
+from services.orchestrator.engine.async_engine import AsyncEngine
 from services.orchestrator.engine.telemetry import Telemetry
 from services.serving.indexes import make_index
 from services.serving.replica_router import PinnedRouter

@@ -3,7 +3,7 @@ all of them at once, and the step awaits them together. A request crosses the ho
 it (the sampling RNG, tokens processed) comes back in its Reply.
 
 A deployment that holds KV may run several replicas: each group is split by the replica that holds each request's KV
-(services/orchestrator/cluster/placement.py), one call per replica. When a replica is lost (its actor died, or a call to it
+(placement.py), one call per replica. When a replica is lost (its actor died, or a call to it
 timed out) its requests move to a live replica, which rebuilds their KV from the request it is sent, and the call
 goes again: the round goes on, later. A request that finds no replica within `serving.resume_timeout_s` fails with
 Unavailable."""
@@ -19,8 +19,8 @@ from ray.serve.handle import DeploymentHandle
 from services.common.calls import Reply
 from services.common.config import EngineConfig
 from services.common.models import ModelMeta, load_meta
-from services.orchestrator.decode.round import Groups, Parents, Results
 from services.orchestrator.cluster.placement import Placement
+from services.orchestrator.decode.round import Groups, Parents, Results
 from services.orchestrator.engine.local_executor import first_role
 from services.orchestrator.engine.scheduler import Unavailable
 from services.serving.live_replicas import live_replicas

@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from services.orchestrator.engine.engine import Engine, Output
 from services.orchestrator.decode.round import Rounds
+from services.orchestrator.engine.engine import Engine, Output
 from services.orchestrator.engine.scheduler import Unavailable
 
 

@@ -17,9 +17,9 @@ from services.common.proposal import Committed
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.decode.round import Rounds, one_round, run
+from services.orchestrator.decode.strategies import make_params
 from services.orchestrator.engine.local_executor import ModelPool
 from services.orchestrator.engine.scheduler import Admission, Scheduler, Sequence, TokenAdmission
-from services.orchestrator.decode.strategies import make_params
 from services.orchestrator.engine.telemetry import Telemetry
 
 Prompt = str | list[int]

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.orchestrator.api.frontend import EngineBackend
-from services.orchestrator.engine.engine import Engine
 from services.orchestrator.api.grpc_server import Limits
 from services.orchestrator.decode.strategies import STRATEGIES
+from services.orchestrator.engine.engine import Engine
 from services.serving.wire import pb
 from tests.orchestrator.api.test_server import PROMPT, Harness
 

@@ -18,10 +18,10 @@ from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
 from services.orchestrator import engine as engine_module
 from services.orchestrator.api.frontend import EngineBackend
-from services.orchestrator.engine.engine import Engine
-from services.orchestrator.decode.round import one_round
 from services.orchestrator.api.grpc_server import Limits, Server
+from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import STRATEGIES, defaults
+from services.orchestrator.engine.engine import Engine
 from services.serving.wire import SERVICE, pb
 
 PROMPT = "count from 1 to 9:"

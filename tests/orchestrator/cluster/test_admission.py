@@ -6,8 +6,8 @@ import asyncio
 import pytest
 
 from services.orchestrator.cluster.admission import IndexAdmission
-from services.orchestrator.engine.engine import Engine
 from services.orchestrator.cluster.placement import Placement
+from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import EmbeddedCacheIndex, IndexUnavailable
 

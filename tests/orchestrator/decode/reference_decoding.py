@@ -1,5 +1,5 @@
 """Plain re-implementations of the published blockwise decoding loops, written from the papers and apart from the
-engine, for tests/orchestrator/decode/test_reference_decoding.py. Greedy; the model is called directly on prompt + canvas.
+engine, for test_reference_decoding.py. Greedy; the model is called directly on prompt + canvas.
 
 - LLaDA low-confidence remasking (004 §3.1.1, Eq. 3-4): per block, `steps` forwards; each unmasks the
   most confident masked tokens of the block, as many as LLaDA's schedule gives that step (the block's masks spread

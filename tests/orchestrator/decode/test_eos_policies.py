@@ -1,4 +1,4 @@
-"""What a decided EOS does, per strategy (services/orchestrator/decode/commit.py, EOS policies), on a scripted bidirectional
+"""What a decided EOS does, per strategy (decode/commit.py, EOS policies), on a scripted bidirectional
 drafter run without a cache, so that every forward's input is the canvas the drafter sees.
 
 The script decides the EOS at position 3 first (probability 0.99); the positions around it in the first block are

@@ -1,5 +1,5 @@
 """`mdm` and `threshold` on the shipped bidirectional drafter decode token for token as the published loops do
-(tests/orchestrator/decode/reference_decoding.py: vanilla LLaDA low-confidence remasking and Fast-dLLM threshold decoding,
+(reference_decoding.py: vanilla LLaDA low-confidence remasking and Fast-dLLM threshold decoding,
 with Fast-dLLM's prefix and dual caches), in 8-token blocks, forward for forward over the whole canvas.
 
 EOS: both keep every position in context to the canvas's end and cut the output at the first EOS afterwards. On the
