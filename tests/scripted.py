@@ -18,12 +18,12 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from services.common.config import EngineConfig
+from services.common.contract import FILTER_MODELS
 from services.common.models import LoadedModel, ModelMeta
 from services.common.packed_attention import Segment
-from services.filter.host import ROLES as FILTER_ROLES
 from services.filter.host import FilterHost
 from services.orchestrator.engine.engine import Engine
-from services.orchestrator.engine.local_executor import ModelPool
+from services.orchestrator.engine.local_executor import LocalExecutor
 
 VOCAB, EOS, MASK = 32, 0, 1  # token ids 2 .. VOCAB - 1 are plain tokens
 MAX_FORWARDS = 200  # a decode that does not end fails its test instead of hanging it
@@ -153,16 +153,16 @@ ROLES_BIDIRECTIONAL = {"drafter_bidirectional"}
 
 
 def scripted_engine(models: dict[str, ScriptedLM], max_new_tokens: int, filters: dict | None = None) -> Engine:
-    """An in-process engine whose model pool holds the scripted models by role (drafter, drafter_bidirectional,
+    """An in-process engine whose executor holds the scripted models by role (drafter, drafter_bidirectional,
     guider, ar) and, when given, filters by drafter family (anything with the Learn2PD filter's accept_probs_batch
     and config)."""
     filters = filters or {}
-    roles = [*models, *(FILTER_ROLES[family] for family in filters)]
+    roles = [*models, *(FILTER_MODELS[family] for family in filters)]
     config = EngineConfig(models={role: f"scripted/{role}" for role in roles}, max_new_tokens=max_new_tokens)
-    pool = ModelPool(config)
+    pool = LocalExecutor(config)
     for role, model in models.items():
         meta = ModelMeta(f"scripted/{role}", ScriptedTokenizer(), MASK, EOS, 512, role in ROLES_BIDIRECTIONAL)
         pool.loaded[role] = LoadedModel(model, meta)
     if filters:
-        pool.hosts["filter"] = FilterHost(filters.get("causal"), filters.get("bidirectional"))
+        pool.hosts["filter"] = FilterHost(filters)
     return Engine(config, pool)

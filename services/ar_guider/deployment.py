@@ -14,8 +14,8 @@ class GuiderDeployment(ReplicaHost, GuiderHost):
     def __init__(self, config: dict, role: str = "guider"):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
-        super().__init__(load_model(cfg.path(role), cfg.device, cfg.dtype), cfg.serving.kv_budget_tokens)
-        self.start_telemetry()
+        super().__init__(load_model(cfg.path(role), cfg.device, cfg.dtype))
+        self.start_telemetry(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         torch.ones(1, device=self.guider.model.device).add_(1)

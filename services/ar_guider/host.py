@@ -1,26 +1,23 @@
-"""An AR model of one replica (the guider, the AR baseline) behind batched methods, one Reply per request."""
-
-import torch
+"""An AR model of one replica (the guider, the AR baseline) behind the contract's ARHost methods
+(services/common/contract.py), one Reply per request."""
 
 from services.ar_guider.guider import Guider
-from services.common.calls import Reply
+from services.common.contract import ARForward, Reply, Verify
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.request import Request
 
 
 class GuiderHost:
-    def __init__(self, loaded: LoadedModel, kv_budget_tokens: int):
-        self.kv = KVManager(kv_budget_tokens)
+    def __init__(self, loaded: LoadedModel):
+        self.kv = KVManager()
         self.guider = Guider(loaded, self.kv)
 
-    def verify(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Reply]:
-        """(request, start, draft, top_k) -> Verdict, all in one forward."""
-        return [Reply(verdict) for verdict in self.guider.verify_batch(calls)]
+    def verify(self, calls: list[Verify]) -> list[Reply]:
+        verdicts = self.guider.verify_batch([(c.req, c.start, c.draft, c.top_k) for c in calls])
+        return [Reply(verdict) for verdict in verdicts]
 
-    def forward(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[Reply]:
-        """(request, start, draft) -> logits [M + 1, V]; AR decoding asks with an empty draft."""
-        return [Reply(logits) for logits in self.guider.forward_batch(calls)]
+    def forward(self, calls: list[ARForward]) -> list[Reply]:
+        return [Reply(logits) for logits in self.guider.forward_batch([(c.req, c.start, c.draft) for c in calls])]
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -47,7 +47,7 @@ def cmd_generate(args) -> int:
     trace = recording(seq) if args.trace_png or args.trace_json else None
     text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
     logprobs = []
-    with closing(engine.events(req)) as events:  # closing cancels at a stop
+    with closing(engine.outputs(req)) as events:  # closing cancels at a stop
         for event in events:
             if args.logprobs is not None:
                 pairs = zip(event.ids, event.logprobs, strict=True)

@@ -97,7 +97,7 @@ def engine_level(
             live[req.id] = req
         for out in engine.step():
             req = live.get(out.request_id)
-            if req is not None and out.event.finish_reason is not None:
+            if req is not None and out.finish_reason is not None:
                 if out.error is not None:
                     raise out.error
                 stats = live.pop(out.request_id).stats

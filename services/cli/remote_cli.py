@@ -132,10 +132,11 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
     import logging
 
     from services.common.config import EngineConfig
-    from services.orchestrator.api.frontend import EngineBackend
+    from services.orchestrator.api.frontend import Frontend
     from services.orchestrator.api.grpc_server import serve
     from services.orchestrator.cluster.admission import local_admission
     from services.orchestrator.engine.engine import Engine
+    from services.orchestrator.engine.local_executor import LocalExecutor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
@@ -143,6 +144,7 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
         # one torch thread unless the config says otherwise: idle OpenMP threads spin, and with the server's own
         # threads and its clients on the same cores that costs ten times the forward
         config.threads = 1
-    backend = EngineBackend(Engine(config, admission=local_admission(config.serving)))
+    executor = LocalExecutor(config)
+    backend = Frontend(Engine(config, executor, local_admission(executor.placement, config.serving)))
     asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

@@ -20,31 +20,11 @@ import torch
 from transformers import DynamicCache
 
 from services.common.batch import Item, forward
+from services.common.contract import CACHE_MODES, Smoothing, Vicinity
 from services.common.kv import cache_len, drop_range, truncate
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
-
-CACHE_MODES = ("none", "prefix", "dual", "freecache", "vicinity")
-
-
-@dataclass(slots=True)
-class Smoothing:
-    alpha_init: float = 0.1
-    alpha_growth: float = 0.05
-    alpha_max: float = 0.3  # dInfer App. D cont_weight
-
-    def alpha(self, step: int) -> float:
-        return min(self.alpha_init + self.alpha_growth * step, self.alpha_max)
-
-
-@dataclass(frozen=True, slots=True)
-class Vicinity:
-    """The vicinity cache mode's settings (001 App. D: prefix look and after look 16, warmup_times 4)."""
-
-    prefix_look: int = 16
-    after_look: int = 16
-    warmup_times: int = 4
 
 
 @dataclass(slots=True)

@@ -1,21 +1,19 @@
-"""The drafters of one replica behind batched methods: each takes every live request's arguments of a step and
-returns one Reply each. The in-process engine calls a host directly; the Serve deployment is a host."""
+"""The drafters of one replica behind the contract's DrafterHost methods (services/common/contract.py): each takes
+every live request's arguments of a step and returns one Reply each. The in-process executor calls a host directly;
+the Serve deployment is a host."""
 
-import torch
-
-from services.common.calls import Reply
+from services.common.contract import DrafterForward, Propose, ProposeBidirectional, Reply
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import Proposal, Region
-from services.common.request import Request
-from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, Smoothing, Vicinity
+from services.common.proposal import Proposal
+from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter
 from services.dlm_drafter.bidirectional import new_cache as new_block_cache
 from services.dlm_drafter.causal import CausalDrafter
 
 
 class DrafterHost:
-    def __init__(self, causal: LoadedModel | None, bidirectional: LoadedModel | None, kv_budget_tokens: int):
-        self.kv = KVManager(kv_budget_tokens)
+    def __init__(self, causal: LoadedModel | None, bidirectional: LoadedModel | None):
+        self.kv = KVManager()
         self.causal = CausalDrafter(causal, self.kv) if causal else None
         self.bidirectional = BidirectionalDrafter(bidirectional) if bidirectional else None
 
@@ -24,37 +22,29 @@ class DrafterHost:
             raise ValueError("no causal drafter configured (models.drafter)")
         return self.causal
 
-    def propose(self, calls: list[tuple[Request, Region, bool]]) -> list[Reply]:
-        """(request, region, keep logits) -> Proposal: the causal drafter fills each region's masks, one forward."""
-        out = self.causal_drafter().propose_batch([(req, region) for req, region, _ in calls])
+    def propose(self, calls: list[Propose]) -> list[Reply]:
+        out = self.causal_drafter().propose_batch([(c.req, c.region) for c in calls])
         return [
-            Reply(without_logits(proposal, keep), tokens, req.generator)
-            for (req, _, keep), (proposal, tokens) in zip(calls, out, strict=True)
+            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
+            for c, (proposal, tokens) in zip(calls, out, strict=True)
         ]
 
-    def forward(
-        self, calls: list[tuple[Request, torch.Tensor, torch.Tensor, torch.Tensor | None, bool]]
-    ) -> list[Reply]:
-        """(request, ids, positions, groups, stage KV) -> logits: slot verification and completion on the causal
-        drafter; a staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
-        out = self.causal_drafter().forward_batch(calls)
+    def forward(self, calls: list[DrafterForward]) -> list[Reply]:
+        """A staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
+        out = self.causal_drafter().forward_batch([(c.req, c.ids, c.positions, c.groups, c.stage_kv) for c in calls])
         return [Reply(logits, tokens) for logits, tokens in out]
 
-    def propose_bidirectional(
-        self, calls: list[tuple[Request, Region, str, Vicinity, Smoothing | None, bool]]
-    ) -> list[Reply]:
-        """(request, region, cache mode, vicinity settings, smoothing, keep logits) -> Proposal on the bidirectional
-        drafter."""
+    def propose_bidirectional(self, calls: list[ProposeBidirectional]) -> list[Reply]:
         if self.bidirectional is None:
             raise ValueError("no bidirectional drafter configured (models.drafter_bidirectional)")
         batch = [
-            BidirectionalCall(req, region, self.kv.get(req, new_block_cache), cache, smoothing, vicinity)
-            for req, region, cache, vicinity, smoothing, _ in calls
+            BidirectionalCall(c.req, c.region, self.kv.get(c.req, new_block_cache), c.cache, c.smoothing, c.vicinity)
+            for c in calls
         ]
         out = self.bidirectional.propose_batch(batch)
         return [
-            Reply(without_logits(proposal, call[5]), tokens, call[0].generator)
-            for call, (proposal, tokens) in zip(calls, out, strict=True)
+            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
+            for c, (proposal, tokens) in zip(calls, out, strict=True)
         ]
 
     def release(self, request_ids: list[str]) -> None:

@@ -13,8 +13,8 @@ class FilterDeployment(ReplicaHost, FilterHost):
     def __init__(self, config: dict):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
-        super().__init__(*configured_filters(cfg.models))
-        self.start_telemetry()
+        super().__init__(configured_filters(cfg.models))
+        self.start_telemetry(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         for f in self.filters.values():

@@ -1,41 +1,32 @@
-"""The Learn2PD filters of one replica behind batched methods, one per drafter family as the drafters' host has one
-method per drafter: every request's block confidences scored in one MLP call."""
+"""The Learn2PD filters of one replica behind the contract's FilterHost methods (services/common/contract.py), one
+per drafter family: each family's requests are scored in one MLP call."""
 
-import torch
-
-from services.common.calls import Reply
+from services.common.contract import FAMILIES, FILTER_MODELS, AcceptProbs, Reply
 from services.filter.model import Learn2PDFilter
 
-ROLES = {"causal": "filter", "bidirectional": "filter_bidirectional"}  # drafter family -> its filter's config role
-METHODS = {"causal": "accept_probs", "bidirectional": "accept_probs_bidirectional"}  # drafter family -> host method
 
-
-def configured_filters(models: dict[str, str]) -> tuple[Learn2PDFilter | None, Learn2PDFilter | None]:
-    """(causal, bidirectional) filters of a config's models (role -> directory), None where a role is not set."""
-    causal, bidirectional = (models.get(ROLES[family]) for family in ("causal", "bidirectional"))
-    return tuple(Learn2PDFilter.load(path) if path else None for path in (causal, bidirectional))
+def configured_filters(models: dict[str, str]) -> dict[str, Learn2PDFilter]:
+    """Drafter family -> its filter, for the families a config's models (key -> directory) name a filter for."""
+    return {f: Learn2PDFilter.load(models[FILTER_MODELS[f]]) for f in FAMILIES if FILTER_MODELS[f] in models}
 
 
 class FilterHost:
-    def __init__(self, causal: Learn2PDFilter | None, bidirectional: Learn2PDFilter | None):
-        self.filters = {family: f for family, f in (("causal", causal), ("bidirectional", bidirectional)) if f}
+    def __init__(self, filters: dict[str, Learn2PDFilter]):
+        self.filters = filters
 
     def family(self, drafter: str) -> Learn2PDFilter:
         if drafter not in self.filters:
-            raise ValueError(f"no filter for the {drafter} drafter configured (models.{ROLES[drafter]})")
+            raise ValueError(f"no filter for the {drafter} drafter configured (models.{FILTER_MODELS[drafter]})")
         return self.filters[drafter]
 
-    def accept_probs(self, calls: list[tuple[torch.Tensor]]) -> list[Reply]:
-        """(block confidences [n],) of the causal drafter -> accept scores [n]."""
-        return self.scores("causal", calls)
-
-    def accept_probs_bidirectional(self, calls: list[tuple[torch.Tensor]]) -> list[Reply]:
-        """(block confidences [n],) of the bidirectional drafter -> accept scores [n]."""
-        return self.scores("bidirectional", calls)
-
-    def scores(self, drafter: str, calls: list[tuple[torch.Tensor]]) -> list[Reply]:
-        return [Reply(s) for s in self.family(drafter).accept_probs_batch([conf for (conf,) in calls])]
+    def accept_probs(self, calls: list[AcceptProbs]) -> list[Reply]:
+        replies: list[Reply | None] = [None] * len(calls)
+        for family in dict.fromkeys(c.family for c in calls):
+            at = [i for i, c in enumerate(calls) if c.family == family]
+            scores = self.family(family).accept_probs_batch([calls[i].confidence for i in at])
+            for i, s in zip(at, scores, strict=True):
+                replies[i] = Reply(s)
+        return replies
 
     def block_sizes(self) -> dict[str, int]:
-        """Drafter family -> the block its filter reads."""
         return {drafter: f.config.block_size for drafter, f in self.filters.items()}

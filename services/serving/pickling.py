@@ -7,11 +7,13 @@ themselves stay plain slotted dataclasses of services/common, which knows nothin
 """
 
 import copyreg
+from dataclasses import fields
+from typing import get_args
 
 import numpy as np
 import torch
 
-from services.common.calls import Reply
+from services.common.contract import Args, Reply
 from services.common.proposal import Decision, Proposal, TokenLogprobs, Verdict
 from services.common.request import Request
 
@@ -56,16 +58,7 @@ def restore(cls: type, state: dict):
 
 
 def reduce(obj) -> tuple:
-    return restore, (type(obj), {name: pack(getattr(obj, name)) for name in obj.__dataclass_fields__})
-
-
-def pack_args(calls: list[tuple]) -> list[tuple]:
-    """A batched call's per-request arguments, with the tensors among them (drafts, confidences) as arrays."""
-    return [tuple(pack(a) for a in call) for call in calls]
-
-
-def unpack_args(calls: list[tuple]) -> list[tuple]:
-    return [tuple(unpack(a) for a in call) for call in calls]
+    return restore, (type(obj), {f.name: pack(getattr(obj, f.name)) for f in fields(obj)})
 
 
 def compact(cls: type) -> type:
@@ -75,5 +68,5 @@ def compact(cls: type) -> type:
 
 
 # what the stages send across a hop, and what the hosts send back
-for cls in (Request, Proposal, Verdict, Decision, Reply, TokenLogprobs):
+for cls in (Request, Proposal, Verdict, Decision, Reply, TokenLogprobs, *get_args(Args)):
     compact(cls)

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from services.common.contract import DrafterForward
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.training import corpus, tasks
@@ -13,7 +14,7 @@ from services.training import corpus, tasks
 
 def guider_nll(engine: Engine, prompt_ids: list[int], output_ids: list[int]) -> tuple[float, int]:
     """Sum of -log p(output | prompt) under the guider, and the number of tokens scored (EOS included)."""
-    loaded = engine.models.load("guider")
+    loaded = engine.executor.load("guider")
     ids = prompt_ids + output_ids + [loaded.eos_id]
     with torch.inference_mode():
         logits = loaded.model(input_ids=torch.tensor([ids], device=loaded.device)).logits[0, :-1].float()
@@ -92,7 +93,7 @@ def evaluate(
 def mask_accuracy(engine: Engine, ratios=(0.25, 0.5, 0.75), n: int = 20, seed: int = 0) -> dict[str, float]:
     """The causal drafter's one-forward MDM accuracy on held-out task responses with a fraction of tokens masked:
     observed tokens stand before the masks (topological reordering), every prediction scored against the truth."""
-    drafter = engine.models.host("drafter")
+    drafter = engine.executor.host("drafter")
     generator = torch.Generator().manual_seed(seed)
     out = {}
     for ratio in ratios:
@@ -105,7 +106,8 @@ def mask_accuracy(engine: Engine, ratios=(0.25, 0.5, 0.75), n: int = 20, seed: i
                 masked[torch.randint(len(truth), (1,), generator=generator)] = True  # at least one
                 seen, hidden = (~masked).nonzero().squeeze(-1), masked.nonzero().squeeze(-1)
                 ids = torch.cat([torch.tensor(truth)[seen], torch.full((len(hidden),), req.mask_id)])
-                logits = drafter.forward([(req, ids, torch.cat([seen, hidden]), None)])[0].value[len(seen) :]
+                args = DrafterForward(req, ids, torch.cat([seen, hidden]), None)
+                logits = drafter.forward([args])[0].value[len(seen) :]
                 right += int((logits.argmax(-1).cpu() == torch.tensor(truth)[hidden]).sum())
                 total += len(hidden)
                 drafter.release([req.id])

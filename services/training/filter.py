@@ -24,9 +24,9 @@ import yaml
 from tqdm import tqdm
 
 from services.common.config import EngineConfig
+from services.common.contract import Propose, ProposeBidirectional
 from services.common.proposal import Proposal, Region
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import Vicinity
 from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
 from services.orchestrator.decode.strategies import DRAFTERS
 from services.orchestrator.engine.engine import Engine, Prompt
@@ -81,7 +81,7 @@ class Trajectories:
 def references(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) -> list[torch.Tensor]:
     """Each prompt's reference answer [end]: the reference decode, then EOS up to the end of its EOS's block."""
     results = engine.generate(prompts, cfg.reference, cfg.reference_params, cfg.max_new_tokens)
-    eos = engine.models.meta().eos_id
+    eos = engine.executor.meta().eos_id
     answers = []
     for result in results:
         ids = result.token_ids + ([eos] if result.finish_reason == "eos" else [])
@@ -91,11 +91,11 @@ def references(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) ->
 
 
 def propose(engine: Engine, drafter: str, calls: list[tuple[Request, Region]]) -> list[Proposal]:
-    host = engine.models.host("drafter")
+    host = engine.executor.host("drafter")
     if drafter == "causal":
-        replies = host.propose([(req, region, False) for req, region in calls])
+        replies = host.propose([Propose(req, region) for req, region in calls])
     else:
-        replies = host.propose_bidirectional([(req, region, "none", Vicinity(), None, False) for req, region in calls])
+        replies = host.propose_bidirectional([ProposeBidirectional(req, region, "none") for req, region in calls])
     return [reply.value for reply in replies]
 
 
@@ -111,7 +111,7 @@ def egp(engine: Engine, prompts: list[Prompt], cfg: FilterTrainConfig) -> list[R
         calls = [(req, region) for (req, _), region in zip(live, regions, strict=True)]
         for (req, answer), region, proposal in zip(live, regions, propose(engine, cfg.drafter, calls), strict=True):
             rows.append(egp_step(req, answer, region, proposal, cfg.block_size))
-    engine.models.host("drafter").release([req.id for req in reqs])
+    engine.executor.host("drafter").release([req.id for req in reqs])
     return rows
 
 

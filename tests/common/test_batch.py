@@ -24,7 +24,7 @@ def requests(loaded, tag: str) -> list[Request]:
 
 
 def test_drafter_batch_equals_single_forwards(tiny_zoo):
-    kv = KVManager(10**6)
+    kv = KVManager()
     drafter = CausalDrafter(load_model(tiny_zoo["drafter"], reordered=True), kv)
     single, batched = requests(drafter.loaded, "s"), requests(drafter.loaded, "b")
     for round_ in range(3):
@@ -42,7 +42,7 @@ def test_drafter_batch_equals_single_forwards(tiny_zoo):
 
 
 def test_guider_batch_equals_single_forwards(tiny_zoo):
-    guider = Guider(load_model(tiny_zoo["guider"]), KVManager(10**6))
+    guider = Guider(load_model(tiny_zoo["guider"]), KVManager())
     single, batched = requests(guider.loaded, "s"), requests(guider.loaded, "b")
     drafts = [torch.tensor([60, 61, 62]), torch.tensor([70])]
     for s, b in zip(single, batched, strict=True):

@@ -265,7 +265,7 @@ def bidirectional_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def run_invariants(engine: Engine, strategy: str, params: dict, n: int = 16) -> list[int]:
-    meta = engine.models.meta()
+    meta = engine.executor.meta()
     req = engine.request(PROMPT, max_new_tokens=n)
     events = list(engine.stream(req, strategy, params))
     ids = req.output_ids()
@@ -429,7 +429,7 @@ def test_qwen2_guider_is_lossless_under_guided_top1(ckpt):
     paths = ckpt["paths"]
     models = {"drafter": paths["qwen3"], "guider": paths["qwen2"], "ar": paths["qwen2"]}
     engine = Engine(EngineConfig(models=models, max_new_tokens=16))
-    assert type(engine.models.load("guider").model) is Qwen2ForCausalLM
+    assert type(engine.executor.load("guider").model) is Qwen2ForCausalLM
     reference = engine.generate(PROMPT, "ar", {"model": "guider"}, max_new_tokens=16)
     guided = engine.generate(PROMPT, "guided", {"top_k_match": 1, "drafter": "causal", "block_size": 8}, 16)
     assert guided.token_ids == reference.token_ids and guided.finish_reason == reference.finish_reason

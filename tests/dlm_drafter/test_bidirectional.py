@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from services.common.contract import ProposeBidirectional
 from services.common.kv import cache_len
 from services.common.models import LoadedModel, load_model
 from services.common.proposal import Proposal, Region
@@ -27,11 +28,12 @@ class Serial:
     """One request at a time through the drafter host, as a propose stage calls it; counts what the engine counts."""
 
     def __init__(self, loaded: LoadedModel, cache: str, smoothing: Smoothing | None, vicinity: Vicinity):
-        self.host = DrafterHost(None, loaded, 10**6)
+        self.host = DrafterHost(None, loaded)
         self.cache, self.smoothing, self.vicinity = cache, smoothing, vicinity
 
     def propose(self, req: Request, region: Region) -> Proposal:
-        reply = self.host.propose_bidirectional([(req, region, self.cache, self.vicinity, self.smoothing, True)])[0]
+        args = ProposeBidirectional(req, region, self.cache, self.vicinity, self.smoothing, keep_logits=True)
+        reply = self.host.propose_bidirectional([args])[0]
         req.stats.drafter_forwards += 1
         req.stats.drafter_tokens_processed += reply.tokens
         return reply.value

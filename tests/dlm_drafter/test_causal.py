@@ -28,7 +28,7 @@ def make_request(loaded, n: int = 16) -> Request:
 
 def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter"], reordered=True)
-    drafter = CausalDrafter(loaded, KVManager(10**6))
+    drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     g = torch.Generator().manual_seed(0)
     masks = lambda n: torch.full((n,), loaded.mask_id)  # noqa: E731
@@ -50,7 +50,7 @@ def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
 
 def test_isolated_spans_equal_separate_forwards(tiny_zoo):
     loaded = load_model(tiny_zoo["drafter"], reordered=True)
-    drafter = CausalDrafter(loaded, KVManager(10**6))
+    drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     forward(drafter, req, torch.full((2,), loaded.mask_id), torch.arange(2))
     spans = [(torch.tensor([31, 40, 41]), torch.arange(0, 3)), (torch.tensor([50, 51, 52]), torch.arange(8, 11))]

@@ -69,15 +69,15 @@ def test_a_replica_stage_span_is_a_child_of_its_round_in_memory(served):
     """The orchestrator's side in this process, on the SDK's in-memory exporter; the replicas' side in their file."""
     from ray import serve
 
-    from services.orchestrator.cluster.remote_executor import RemoteHosts
-    from services.orchestrator.engine.async_engine import AsyncEngine
+    from services.orchestrator.cluster.remote_executor import RemoteExecutor
+    from services.orchestrator.engine.engine import Engine
 
     _, spans_file, _, config = served
     exporter = memory_exporter()
     cfg = EngineConfig.from_yaml(config)
     handles = {role: serve.get_deployment_handle(role, "dlm") for role in ("drafter", "guider", "ar", "filter")}
-    hosts = RemoteHosts(cfg, handles)
-    engine = AsyncEngine(cfg, hosts)
+    hosts = RemoteExecutor(cfg, handles)
+    engine = Engine(cfg, hosts)
     req = engine.request(PROMPT, 8)
 
     async def drive():

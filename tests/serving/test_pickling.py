@@ -6,11 +6,11 @@ import pickle
 import pytest
 import torch
 
-from services.common.calls import Reply
+import services.serving.pickling  # noqa: F401  registers the reducers
+from services.common.contract import AcceptProbs, Reply, Verify
 from services.common.proposal import Decision, Proposal, Verdict
 from services.common.request import Request
 from services.common.sampling import SamplingParams
-from services.serving.pickling import pack_args, unpack_args
 
 
 def live_request() -> Request:
@@ -61,12 +61,12 @@ def test_stage_values_round_trip_compactly():
 
 
 def test_call_arguments_round_trip_compactly():
-    """A batched call's per-request tuples hold raw tensors (the guider's drafts, the filter's confidences)."""
+    """A batched call's typed arguments hold raw tensors (the guider's drafts, the filter's confidences)."""
     req = live_request()
-    args = [(req, 2, torch.tensor([60, 61, 62]), 3), (torch.rand(4, 5),)]
-    data = pickle.dumps(pack_args(args))
+    args = [Verify(req, 2, torch.tensor([60, 61, 62]), 3), AcceptProbs("causal", torch.rand(4))]
+    data = pickle.dumps(args)
     assert b"torch" not in data
-    (r, start, draft, top_k), (confidence,) = unpack_args(pickle.loads(data))
-    assert_same_request(r, req)
-    assert (start, top_k) == (2, 3)
-    assert torch.equal(draft, args[0][2]) and torch.equal(confidence, args[1][0])
+    verify, accept = pickle.loads(data)
+    assert_same_request(verify.req, req)
+    assert (verify.start, verify.top_k, verify.method, accept.family) == (2, 3, "verify", "causal")
+    assert torch.equal(verify.draft, args[0].draft) and torch.equal(accept.confidence, args[1].confidence)

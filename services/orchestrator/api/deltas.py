@@ -53,7 +53,7 @@ class Deltas:
         return self.text.sent_ids
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
-        async for event in self.job.events():
+        async for event in self.job.outputs():
             spans = sum(len(ids) for _, ids in event.spans)
             self.rows.append(RoundRow(len(self.rows) + 1, len(event.ids), spans, event.elapsed_s))
             if self.stopped:

@@ -1,6 +1,8 @@
-"""What the gRPC server decodes with: an engine whose steps one asyncio task drives. Handlers only queue requests
-and read their output queues; no request has a thread of its own. The same backend serves the in-process engine
-(`dlm serve --local`, tests) and the engine over Ray Serve deployments (services/orchestrator/cluster/app.py)."""
+"""The one frontend that gRPC and the OpenAI routes share: open a request, read its outputs, abort it. An asyncio
+task per engine drives its steps; handlers only queue requests and read their output queues, and no request has a
+thread of its own. A driver sleeps while its engine has nothing to run and wakes on a new request, an abort, or room
+freed by a request that ended on any engine. The same frontend serves the in-process engine (`dlm serve --local`,
+tests) and the engine over Ray Serve deployments (services/orchestrator/cluster/app.py)."""
 
 import asyncio
 import logging
@@ -9,18 +11,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from uuid import uuid4
 
-from services.common.proposal import TokenLogprob
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.api.detok import Detokenizer, detokenizer
 from services.orchestrator.decode.strategies import STRATEGIES, make_params
-from services.orchestrator.engine.engine import AlreadyExists, Engine, Output
+from services.orchestrator.engine.engine import AlreadyExists, Engine
+from services.orchestrator.engine.output import RequestOutput
 
 log = logging.getLogger(__name__)
 
-ADMISSION_POLL_S = 0.01
-
-__all__ = ["AlreadyExists", "EngineBackend", "Event", "Job", "ModelInfo", "Spec"]
+__all__ = ["AlreadyExists", "Frontend", "Job", "ModelInfo", "RequestOutput", "Spec"]
 
 
 @dataclass(slots=True)
@@ -37,14 +37,6 @@ class Spec:
 
 
 @dataclass(slots=True)
-class Event:
-    ids: list[int]  # extension of the contiguous prefix
-    spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed ahead of it
-    elapsed_s: float
-    logprobs: list[TokenLogprob]  # one per id, when the request asked
-
-
-@dataclass(slots=True)
 class ModelInfo:
     models: dict[str, str]  # role -> path
     vocab_size: int
@@ -58,10 +50,10 @@ class ModelInfo:
 class Job:
     """One request's output queue: the driver puts each round's commits, and its end."""
 
-    def __init__(self, engine: Engine, req: Request):
-        self.engine, self.req = engine, req
+    def __init__(self, frontend: "Frontend", engine: Engine, req: Request):
+        self.frontend, self.engine, self.req = frontend, engine, req
         self.request_id, self.prompt_tokens = req.id, req.prompt_len
-        self.queue: asyncio.Queue[Output] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
     @property
     def seed(self) -> int:
@@ -73,23 +65,24 @@ class Job:
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.engine.abort(self.request_id, reason)
+        self.frontend.wake(self.engine)
 
     def stats(self) -> dict:
         return self.req.stats.to_dict()
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Each round's output until the request ends; the last one carries its finish reason."""
         while True:
             out = await self.queue.get()
             if out.error is not None:
                 raise out.error
-            if out.event.ids or out.event.spans or out.event.finish_reason is None:
-                elapsed = time.perf_counter() - self.req.stats.start_s
-                yield Event(out.event.ids, out.event.spans, elapsed, out.event.logprobs)
-            if out.event.finish_reason is not None:
+            if out.ids or out.spans or out.finish_reason is None:
+                yield out
+            if out.finish_reason is not None:
                 return
 
 
-class EngineBackend:
+class Frontend:
     """engines: one, or several over the same hosts (micro-batches, vLLM's virtual engines): each has its own
     scheduler and driver task, so while one's batch is in the drafter another's is in the guider."""
 
@@ -98,28 +91,27 @@ class EngineBackend:
         self.engine = engines[0]  # the models, the tokenizer and the configuration they share
         self.jobs: dict[str, Job] = {}
         self.ready = False
-        self.wakes = [asyncio.Event() for _ in engines]
+        self.wakes = {engine: asyncio.Event() for engine in engines}
         self.drivers: list[asyncio.Task] = []
 
     async def start(self) -> None:
         """Load every model, then start driving steps."""
-        await self.engine.models.start()
+        await self.engine.executor.start()
         for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
             await admission.start()
         self.ready = True
-        self.drivers = [asyncio.create_task(self.drive(e, w)) for e, w in zip(self.engines, self.wakes, strict=True)]
+        self.drivers = [asyncio.create_task(self.drive(engine)) for engine in self.engines]
 
     async def open(self, spec: Spec) -> Job:
         """Queue a request on the least busy engine; ValueError names a bad field, ResourceExhausted says the queue
         is full, Unavailable that the cache index is down."""
-        i = min(range(len(self.engines)), key=lambda i: len(self.engines[i].sequences))
-        engine = self.engines[i]
+        engine = min(self.engines, key=lambda e: len(e.requests))
         req = engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
         if req.id in self.jobs:
             raise AlreadyExists(f"request_id {req.id!r} is already decoding")
         engine.add(req, spec.strategy, spec.params, spec.deadline)
-        job = self.jobs[req.id] = Job(engine, req)
-        self.wakes[i].set()
+        job = self.jobs[req.id] = Job(self, engine, req)
+        self.wake(engine)
         return job
 
     def abort(self, request_id: str) -> bool:
@@ -129,29 +121,43 @@ class EngineBackend:
             job.cancel()
         return job is not None
 
-    def emit(self, out: Output) -> None:
+    def wake(self, engine: Engine) -> None:
+        self.wakes[engine].set()
+
+    def emit(self, out: RequestOutput) -> None:
+        if out.finished:  # its KV room is free: a request waiting on any engine may fit now
+            for wake in self.wakes.values():
+                wake.set()
         job = self.jobs.get(out.request_id)
         if job is None:
             return
         job.queue.put_nowait(out)
-        if out.error is not None or out.event.finish_reason is not None:
+        if out.finished:
             del self.jobs[out.request_id]
 
-    async def drive(self, engine: Engine, wake: asyncio.Event) -> None:
-        """The task that steps an engine while it has requests."""
+    async def drive(self, engine: Engine) -> None:
+        """The task that steps an engine while it has requests to run."""
+        wake = self.wakes[engine]
         while True:
-            if not engine.has_unfinished():
-                wake.clear()
-                await wake.wait()
+            wake.clear()  # a wake-up during the step below is kept for the wait after it
             try:
                 await engine.step_async(self.emit)
             except Exception as e:  # a bug in the step itself: fail what runs rather than spin on it
                 log.exception("engine step failed")
-                for rid in list(engine.sequences):
-                    self.emit(engine.end(engine.sequences[rid], "error", e))
+                for rid in list(engine.requests):
+                    self.emit(engine.end(engine.requests[rid], "error", e))
                 engine.flush_releases()
-            if not engine.scheduler.running:  # every request waits for KV room: a step would not yield the loop
-                await asyncio.sleep(ADMISSION_POLL_S)
+            if not engine.scheduler.running:  # nothing to advance until a request arrives, ends or expires
+                try:
+                    await asyncio.wait_for(wake.wait(), self.first_deadline(engine))
+                except TimeoutError:
+                    pass
+
+    @staticmethod
+    def first_deadline(engine: Engine) -> float | None:
+        """Seconds until the first waiting request's deadline, when it must end without a wake-up."""
+        deadlines = [er.deadline for er in engine.scheduler.waiting if er.deadline is not None]
+        return max(min(deadlines) - time.monotonic(), 0) if deadlines else None
 
     def detokenizer(self) -> Detokenizer:
         """A new request's incremental decoder."""
@@ -167,7 +173,7 @@ class EngineBackend:
 
     def model_info(self) -> ModelInfo:
         config = self.engine.config
-        base = self.engine.models.meta() if self.ready else None  # no loading behind start()'s back
+        base = self.engine.executor.meta() if self.ready else None  # no loading behind start()'s back
         return ModelInfo(
             dict(config.models),
             len(base.tokenizer) if base else 0,
@@ -179,14 +185,14 @@ class EngineBackend:
         )
 
     def live(self) -> list[str]:
-        return [rid for engine in self.engines for rid in engine.sequences]
+        return [rid for engine in self.engines for rid in engine.requests]
 
     async def shutdown(self) -> None:
         """Every live request ends as cancelled at the next step; wait for the drivers to deliver that."""
-        for engine, wake in zip(self.engines, self.wakes, strict=True):
-            for rid in list(engine.sequences):
+        for engine in self.engines:
+            for rid in list(engine.requests):
                 engine.abort(rid)
-            wake.set()
+            self.wake(engine)
         while self.jobs and self.drivers and not all(d.done() for d in self.drivers):
             await asyncio.sleep(0.01)
         for driver in self.drivers:

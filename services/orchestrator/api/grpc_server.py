@@ -19,7 +19,7 @@ from services.common.config import Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas
-from services.orchestrator.api.frontend import AlreadyExists, EngineBackend, Job, Spec
+from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.security import TokenAuth, api_key, server_credentials
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
@@ -59,7 +59,7 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
 
 
 class DlmServicer(rpc.DlmServiceServicer):
-    def __init__(self, backend: EngineBackend, limits: Limits):
+    def __init__(self, backend: Frontend, limits: Limits):
         self.backend, self.limits = backend, limits
 
     async def open(self, request, context) -> Job:
@@ -181,7 +181,7 @@ class Server:
     TLS and the bearer token come from the config's serving section (serving.tls_*_file, api_key_file or
     DLM_API_KEY)."""
 
-    def __init__(self, backend: EngineBackend, limits: Limits | None = None):
+    def __init__(self, backend: Frontend, limits: Limits | None = None):
         serving = backend.engine.config.serving
         self.backend, self.limits, self.serving = backend, limits or serving.limits, serving
         self.health = health.aio.HealthServicer()
@@ -242,7 +242,7 @@ class Server:
             shutil.rmtree(os.path.dirname(self.socket), ignore_errors=True)
 
 
-async def serve(backend: EngineBackend, address: str, limits: Limits | None = None) -> None:
+async def serve(backend: Frontend, address: str, limits: Limits | None = None) -> None:
     """Run until SIGINT / SIGTERM; fails if a model does not load."""
     server = Server(backend, limits)
     port = await server.start(address)

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API (FastAPI, served by the Serve HTTP proxy through `serve.ingress`) over the same
-EngineBackend as gRPC: POST /v1/completions and /v1/chat/completions (JSON, or SSE ending with `data: [DONE]`),
+Frontend as gRPC: POST /v1/completions and /v1/chat/completions (JSON, or SSE ending with `data: [DONE]`),
 GET /v1/models and /health. Bad input is a 400 in OpenAI's error shape naming the field, never a 500."""
 
 import hmac
@@ -15,7 +15,7 @@ from services.common.config import LimitExceeded, Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Delta, Deltas
-from services.orchestrator.api.frontend import EngineBackend, Job, Spec
+from services.orchestrator.api.frontend import Frontend, Job, Spec
 from services.orchestrator.api.openai_protocol import (
     MODEL_ID,
     ChatCompletionRequest,
@@ -43,7 +43,7 @@ class Served:
     """What the routes serve. Module state rather than `api.state`: Serve runs a pickled copy of `api` on the
     replica, while this module (and so each route's globals) is imported there by name."""
 
-    backend: EngineBackend
+    backend: Frontend
     limits: Limits
     api_key: str | None = None  # the bearer token /v1 routes require (None: open)
 
@@ -51,7 +51,7 @@ class Served:
 served = Served()
 
 
-def attach(backend: EngineBackend, limits: Limits, api_key: str | None = None) -> None:
+def attach(backend: Frontend, limits: Limits, api_key: str | None = None) -> None:
     """Serve this backend (the replica's, shared with its gRPC server); with api_key, /v1 requires it."""
     served.backend, served.limits, served.api_key = backend, limits, api_key
 
@@ -78,7 +78,7 @@ async def invalid_body(request: Request, e: RequestValidationError) -> JSONRespo
     return JSONResponse(error(message, "invalid_request_error", param), status_code=400)
 
 
-def ready_backend() -> EngineBackend:
+def ready_backend() -> Frontend:
     backend = served.backend
     if not backend.ready:
         raise APIError(503, "models are still loading", kind="unavailable_error")
@@ -128,7 +128,7 @@ async def chat_completions(body: ChatCompletionRequest):
 
 
 async def open_job(
-    backend: EngineBackend,
+    backend: Frontend,
     limits: Limits,
     body: GenerationRequest,
     prompt: list[int],
@@ -180,7 +180,7 @@ class Render:
 
     kind = ""
 
-    def __init__(self, backend: EngineBackend, job: Job, body: GenerationRequest):
+    def __init__(self, backend: Frontend, job: Job, body: GenerationRequest):
         self.backend, self.job, self.body = backend, job, body
         self.created = now()
 

@@ -12,9 +12,9 @@ requests are refused (Unavailable) and running ones go on; once it is back every
 import threading
 from dataclasses import dataclass
 
+from services.common.placement import Placement
 from services.orchestrator.cluster.index_writer import IndexWriter, Write
-from services.orchestrator.cluster.placement import Placement
-from services.orchestrator.engine.scheduler import Sequence, Unavailable
+from services.orchestrator.engine.scheduler import EngineRequest, LedgerAdmission, Unavailable
 from services.serving.cache_index import CacheIndex, IndexEntry, copy_entry
 from services.serving.indexes import make_index
 
@@ -30,9 +30,10 @@ class Record:
         return list(dict.fromkeys(self.placed.values()))
 
 
-class IndexAdmission:
+class IndexAdmission(LedgerAdmission):
     def __init__(self, index: CacheIndex, placement: Placement, ttl_s: float):
-        self.placement, self.ttl_s = placement, ttl_s
+        super().__init__(placement)
+        self.ttl_s = ttl_s
         self.records: dict[str, Record] = {}  # live (admitted) request id -> record
         self.lock = threading.Lock()  # the step may run on a worker thread, the writer on the event loop
         self.writer = IndexWriter(index, self.restore, self.lock)
@@ -40,25 +41,25 @@ class IndexAdmission:
     async def start(self) -> None:
         self.writer.start()
 
-    def fits(self, seq: Sequence) -> bool:
+    def fits(self, er: EngineRequest) -> bool:
         if self.writer.down is not None:
             raise Unavailable(self.writer.down)
-        return seq.tokens <= self.placement.budget
+        return super().fits(er)
 
-    def admit(self, seq: Sequence) -> bool:
-        rid = seq.req.id
+    def admit(self, er: EngineRequest) -> bool:
+        rid = er.req.id
         with self.lock:
-            placed = self.placement.place(rid, seq.tokens)
+            placed = self.placement.place(rid, er.tokens)
             if placed is None:
                 return False
-            entry = IndexEntry(rid, placed.get("drafter"), placed.get("guider"), strategy=seq.strategy)
-            entry.params, entry.ttl_s = {k: str(v) for k, v in seq.params.items()}, self.ttl_s
-            record = self.records[rid] = Record(entry, seq.tokens, placed)
+            entry = IndexEntry(rid, placed.get("drafter"), placed.get("guider"), strategy=er.strategy)
+            entry.params, entry.ttl_s = {k: str(v) for k, v in er.params.items()}, self.ttl_s
+            record = self.records[rid] = Record(entry, er.tokens, placed)
             self.writer.push(rid, whole(record))
         return True
 
-    def progress(self, seq: Sequence) -> None:
-        req = seq.req
+    def progress(self, er: EngineRequest) -> None:
+        req = er.req
         with self.lock:
             record = self.records[req.id]
             self.follow(record)
@@ -81,10 +82,10 @@ class IndexAdmission:
         record.entry.drafter, record.entry.guider = now.get("drafter"), now.get("guider")
         self.writer.push(record.entry.request_id, whole(record))
 
-    def release(self, seq: Sequence) -> None:
-        rid = seq.req.id
+    def release(self, er: EngineRequest) -> None:
+        rid = er.req.id
         with self.lock:
-            self.placement.free(rid)
+            super().release(er)
             if self.records.pop(rid, None) is not None:
                 self.writer.push(rid, release(rid))
 
@@ -111,8 +112,7 @@ def release(request_id: str) -> Write:
     return lambda index: index.release(request_id)
 
 
-def local_admission(serving) -> IndexAdmission:
-    """Admission for an orchestrator whose models run in its own process (`dlm serve --local`): one replica each."""
+def local_admission(placement: Placement, serving) -> IndexAdmission:
+    """Admission for an orchestrator whose models run in its own process (`dlm serve --local`)."""
     index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-    placement = Placement(("drafter", "guider"), lambda deployment: [f"local-{deployment}"], serving.kv_budget_tokens)
     return IndexAdmission(index, placement, serving.request_ttl_s)

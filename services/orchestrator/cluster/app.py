@@ -17,13 +17,13 @@ from services.ar_guider.deployment import GuiderDeployment
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.dlm_drafter.deployment import DrafterDeployment
 from services.filter.deployment import FilterDeployment
-from services.orchestrator.api.frontend import EngineBackend
+from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.api.grpc_server import Server
 from services.orchestrator.api.openai_api import api, attach
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.metrics import ServeMetrics
-from services.orchestrator.cluster.remote_executor import RemoteHosts
-from services.orchestrator.engine.async_engine import AsyncEngine
+from services.orchestrator.cluster.remote_executor import RemoteExecutor
+from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.telemetry import Telemetry
 from services.serving.indexes import make_index
 from services.serving.replica_router import PinnedRouter
@@ -39,16 +39,16 @@ class Orchestrator:
         cfg = EngineConfig(**config)
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
-        self.hosts = RemoteHosts(cfg, handles)
+        self.hosts = RemoteExecutor(cfg, handles)
         self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
         admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
         metrics = ServeMetrics()
         engines = [
-            AsyncEngine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
+            Engine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
             for i in range(serving.micro_batches)
         ]
-        self.backend = EngineBackend(*engines)
+        self.backend = Frontend(*engines)
         attach(self.backend, serving.limits, api_key(serving.api_key_file))
         self.server = Server(self.backend, serving.limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")

@@ -1,9 +1,9 @@
-"""The Ray Serve model deployments as the engine's hosts: each of a step's call groups goes out as one Serve call,
-all of them at once, and the step awaits them together. A request crosses the hop as a copy; what the call did to
-it (the sampling RNG, tokens processed) comes back in its Reply.
+"""The executor over the Ray Serve model deployments (services/common/contract.py): each of a step's call groups
+goes out as one Serve call, all of them at once, and the step awaits them together. A request crosses the hop as a
+copy; what the call did to it (the sampling RNG, tokens processed) comes back in its Reply.
 
 A deployment that holds KV may run several replicas: each group is split by the replica that holds each request's KV
-(placement.py), one call per replica. When a replica is lost (its actor died, or a call to it
+(engine/placement.py, the ledger), one call per replica. When a replica is lost (its actor died, or a call to it
 timed out) its requests move to a live replica, which rebuilds their KV from the request it is sent, and the call
 goes again: the round goes on, later. A request that finds no replica within `serving.resume_timeout_s` fails with
 Unavailable."""
@@ -16,15 +16,14 @@ from collections import Counter
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
-from services.common.calls import Reply
+import services.serving.pickling  # noqa: F401  the contract's classes cross the hop compactly
 from services.common.config import EngineConfig
+from services.common.contract import ROLES, Args, Groups, Parents, Reply, Results, kv_hosts
 from services.common.models import ModelMeta, load_meta
-from services.orchestrator.cluster.placement import Placement
-from services.orchestrator.decode.round import Groups, Parents, Results
-from services.orchestrator.engine.local_executor import first_role
+from services.common.placement import Placement
+from services.orchestrator.engine.local_executor import first_model
 from services.orchestrator.engine.scheduler import Unavailable
 from services.serving.live_replicas import live_replicas
-from services.serving.pickling import pack_args
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +31,10 @@ LOST = (RayActorError, ActorUnavailableError, TimeoutError)  # the replica, not 
 RETRY_S = 0.2  # between looks for a live replica while Serve restarts one
 
 
-class RemoteHosts:
+class RemoteExecutor:
     def __init__(self, config: EngineConfig, handles: dict[str, DeploymentHandle]):
         self.config, self.handles = config, handles
-        kv = [d for d in ("drafter", "guider", "ar") if d in handles]  # the filter holds no request state
+        kv = [host for host in kv_hosts(config.models) if host in handles]
         self.placement = Placement(kv, live_replicas, config.serving.kv_budget_tokens)
         self.roles = frozenset(config.models)  # AR decoding on the drafter (drafter_ar) runs in process only
         self.metadata: ModelMeta | None = None
@@ -44,7 +43,7 @@ class RemoteHosts:
         self.resuming: set[str] = set()  # requests whose replica was lost and that wait for another
 
     def deployment(self, role: str) -> str:
-        deployment = "drafter" if role == "drafter_bidirectional" else role  # one deployment hosts both drafters
+        deployment = ROLES[role].host
         if deployment not in self.handles:
             raise ValueError(f"model {role!r} is not served by this deployment (served: {sorted(self.handles)})")
         return deployment
@@ -61,16 +60,16 @@ class RemoteHosts:
         calls = [self.call(*key, groups[key], parents and parents[key]) for key in keys]
         return dict(zip(keys, await asyncio.gather(*calls, return_exceptions=True), strict=True))
 
-    async def call(self, role: str, method: str, args: list[tuple], parents: list[str] | None) -> list[Reply]:
+    async def call(self, role: str, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
         """One group: a call per replica holding its requests' KV (one call for a stateless deployment)."""
         deployment = self.deployment(role)
         if deployment not in self.placement.deployments:
             return await self.send(role, deployment, None, method, args, parents)
         live, parts = set(self.placement.live(deployment)), {}
         for i, call in enumerate(args):
-            replica = self.placement.replica(call[0].id, deployment)
+            replica = self.placement.replica(call.req.id, deployment)
             if replica is None or (live and replica not in live):  # not placed yet, or its replica was scaled down
-                replica = self.placement.move(call[0].id, deployment, set())
+                replica = self.placement.move(call.req.id, deployment, set())
             parts.setdefault(replica, []).append(i)
         shares = await asyncio.gather(
             *(self.pinned(role, deployment, replica, method, args, parents, at) for replica, at in parts.items()),
@@ -91,12 +90,12 @@ class RemoteHosts:
             return await self.send(role, deployment, replica, method, share, share_parents)
         except LOST as e:
             log.warning("%s replica %s lost (%r): moving %d requests", deployment, replica, e, len(share))
-            await self.move([call[0].id for call in share], deployment, replica, e)
+            await self.move([call.req.id for call in share], deployment, replica, e)
         return await self.call(role, method, share, share_parents)
 
     async def send(self, role, deployment, replica, method, args, parents) -> list[Reply]:
         self.batches[role][len(args)] += 1
-        response = self.handles[deployment].run.remote(method, pack_args(args), parents, replica=replica)
+        response = self.handles[deployment].run.remote(method, args, parents, replica=replica)
         return await asyncio.wait_for(response, self.config.serving.call_timeout_s)
 
     async def move(self, request_ids: list[str], deployment: str, lost: str, why: BaseException) -> None:
@@ -112,14 +111,14 @@ class RemoteHosts:
         finally:
             self.resuming.difference_update(request_ids)
 
-    def release(self, role: str, request_ids: list[str]) -> None:
+    def release(self, host: str, request_ids: list[str]) -> None:
         """Free the KV of ended requests where it lives; nothing waits on it."""
-        deployment = self.deployment(role)
+        deployment = self.deployment(host)
         if deployment not in self.placement.deployments:
             return
         held: dict[str | None, list[str]] = {}
         for rid in request_ids:
-            held.setdefault(self.placement.forget(rid, deployment), []).append(rid)
+            held.setdefault(self.placement.replica(rid, deployment), []).append(rid)
         for replica, ids in held.items():
             self.handles[deployment].release.remote(ids, replica=replica)
 
@@ -145,7 +144,7 @@ class RemoteHosts:
 
     def meta(self) -> ModelMeta:
         if self.metadata is None:
-            self.metadata = load_meta(self.config.path(first_role(self.config)))
+            self.metadata = load_meta(self.config.path(first_model(self.config)))
         return self.metadata
 
     async def held(self) -> dict[str, dict[str, int]]:

@@ -1,14 +1,13 @@
 """Propose stage: a model fills the region's masked positions. Each proposer is a generator stage: it yields the call
-it needs and gets the Proposal back from the step's batched call (services/common/calls.py)."""
+it needs and gets the Proposal back from the step's batched call (services/common/contract.py)."""
 
 from dataclasses import dataclass
 
 import torch
 
-from services.common.calls import Call, Stage
+from services.common.contract import ARForward, Call, Propose, ProposeBidirectional, Role, Smoothing, Stage, Vicinity
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import Smoothing, Vicinity
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +15,7 @@ class CausalPropose:
     keep_logits: bool = False  # the full distribution comes back only for gates that fuse it (credit)
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        (proposal,) = yield [Call("drafter", "propose", (req, region, self.keep_logits))]
+        (proposal,) = yield [Call(Role.DRAFTER, Propose(req, region, self.keep_logits))]
         return proposal
 
 
@@ -28,8 +27,8 @@ class BidirectionalPropose:
     vicinity: Vicinity = Vicinity()
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        args = (req, region, self.cache, self.vicinity, self.smoothing, self.keep_logits)
-        (proposal,) = yield [Call("drafter", "propose_bidirectional", args)]
+        args = ProposeBidirectional(req, region, self.cache, self.vicinity, self.smoothing, self.keep_logits)
+        (proposal,) = yield [Call(Role.DRAFTER, args)]
         return proposal
 
 
@@ -37,9 +36,9 @@ class BidirectionalPropose:
 class ARPropose:
     """Plain AR decoding: the next token of a causal LM (role ar, guider, or drafter_ar: the causal drafter)."""
 
-    role: str
+    role: Role
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
         start = req.frontier
-        (logits,) = yield [Call(self.role, "forward", (req, start, torch.empty(0, dtype=torch.long)))]  # [1, V]
+        (logits,) = yield [Call(self.role, ARForward(req, start, torch.empty(0, dtype=torch.long)))]  # [1, V]
         return propose_from_logits(torch.tensor([start]), logits, req.sampling, req.generator, req.mask_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.calls import Call, Stage
+from services.common.contract import Call, DrafterForward, Role, Stage
 from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, propose_from_logits
 from services.common.request import Request
 from services.orchestrator.decode.propose import CausalPropose
@@ -41,7 +41,7 @@ KV_MODES = ("reuse", "recompute")
 def drafter_forward(
     req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None, stage: bool = False
 ) -> Call:
-    return Call("drafter", "forward", (req, ids, positions, groups, stage))
+    return Call(Role.DRAFTER, DrafterForward(req, ids, positions, groups, stage))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
-from services.common.calls import Stage
+from services.common.contract import CACHE_MODES, FAMILIES, FILTER_MODELS, Role, Smoothing, Stage, Vicinity
 from services.common.params import parse_value
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
-from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing, Vicinity
-from services.filter.host import ROLES as FILTER_ROLES
 from services.orchestrator.decode.commit import Commit
 from services.orchestrator.decode.gate import (
     AcceptAll,
@@ -64,7 +62,7 @@ def need(catalog: Catalog, *roles: str) -> None:
 
 def check_filter_block(catalog: Catalog, drafter: str, name: str, size: int) -> None:
     """The filter of the drafter's family (each is trained on its own drafter's confidences) reads the block."""
-    need(catalog, FILTER_ROLES[drafter])
+    need(catalog, FILTER_MODELS[drafter])
     if size > catalog.filter_block_size(drafter):
         raise ValueError(f"{name} {size} exceeds the filter's block of {catalog.filter_block_size(drafter)}")
 
@@ -84,7 +82,7 @@ def check_choice(name: str, value: str, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-DRAFTERS = ("causal", "bidirectional")
+DRAFTERS = FAMILIES
 
 
 @dataclass(slots=True)
@@ -95,7 +93,7 @@ class ARParams:
         check_choice("model", self.model, ("ar", "guider", "drafter"))
 
     def build(self, catalog: Catalog) -> Stages:
-        role = "drafter_ar" if self.model == "drafter" else self.model
+        role = Role.DRAFTER_AR if self.model == "drafter" else Role(self.model)
         need(catalog, role)
         return Stages(ARPropose(role), AcceptAll(), Commit("window", 1), roles=(role,))
 

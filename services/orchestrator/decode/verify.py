@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.calls import Call, Stage
+from services.common.contract import AcceptProbs, Call, Role, Stage, Verify
 from services.common.proposal import Proposal, Region, Verdict
 from services.common.request import Request
-from services.filter.host import METHODS as FILTER_METHODS
 
 
 def filter_call(drafter: str, region: Region, proposal: Proposal) -> Call:
@@ -20,7 +19,7 @@ def filter_call(drafter: str, region: Region, proposal: Proposal) -> Call:
     positions count as certain."""
     confidence = torch.ones(region.end - region.start)
     confidence[proposal.positions - region.start] = proposal.probs
-    return Call("filter", FILTER_METHODS[drafter], (confidence,))
+    return Call(Role.FILTER, AcceptProbs(drafter, confidence))
 
 
 def proposal_scores(scores: torch.Tensor, region: Region, proposal: Proposal) -> torch.Tensor:
@@ -38,7 +37,7 @@ class GuiderVerify:
         start = req.frontier
         draft = req.tokens.clone()
         draft[proposal.positions] = proposal.ids
-        calls = [Call("guider", "verify", (req, start, draft[start : region.end], self.top_k))]
+        calls = [Call(Role.GUIDER, Verify(req, start, draft[start : region.end], self.top_k))]
         if self.filter_drafter:
             calls.append(filter_call(self.filter_drafter, region, proposal))
         verdict, *scores = yield calls

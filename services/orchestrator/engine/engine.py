@@ -1,28 +1,30 @@
-"""The engine: a scheduler and its step. `step()` advances every running request one round, with one batched host
-call per stage (services/orchestrator/decode/round.py); a request alone is a batch of one. The library, the CLI, the
-benchmarks and the gRPC server all decode through it; served, the hosts are Ray Serve deployments
-(services/orchestrator/engine/async_engine.py)."""
+"""The engine: a scheduler and its step. A step is schedule -> a printable plan -> execute every running request's
+round, one batched host call per stage (rounds.py) -> update. A request alone is a batch of one. The library, the
+CLI, the benchmarks and both servers decode through it; its `Executor` runs the hosts in process
+(local_executor.py) or as Ray Serve deployments (services/orchestrator/cluster/remote_executor.py)."""
 
 import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from services.common.config import EngineConfig
-from services.common.proposal import Committed
+from services.common.contract import Executor
 from services.common.request import Request
 from services.common.sampling import SamplingParams
-from services.orchestrator.decode.round import Rounds, one_round, run
+from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import make_params
-from services.orchestrator.engine.local_executor import ModelPool
-from services.orchestrator.engine.scheduler import Admission, Scheduler, Sequence, TokenAdmission
+from services.orchestrator.engine.local_executor import LocalExecutor
+from services.orchestrator.engine.output import RequestOutput
+from services.orchestrator.engine.rounds import Rounds
+from services.orchestrator.engine.scheduler import Admission, EngineRequest, LedgerAdmission, Scheduler, Unavailable
 from services.orchestrator.engine.telemetry import Telemetry
 
 Prompt = str | list[int]
+Emit = Callable[[RequestOutput], None]
 
 
 class AlreadyExists(Exception):
@@ -30,16 +32,23 @@ class AlreadyExists(Exception):
 
 
 @dataclass(slots=True)
-class Output:
-    """What one step did for one request: its round's commits, or how it ended without one."""
+class StepPlan:
+    """What a step runs, decided before any model is called (vLLM's SchedulerOutput)."""
 
-    request_id: str
-    event: Committed
-    error: BaseException | None = None
+    ending: dict[str, str]  # request id -> why it ends before its round (cancelled, stop, deadline)
+    running: dict[str, str]  # request id -> its strategy: each advances one round
+    waiting: int  # requests left waiting for KV room
+
+    def __str__(self) -> str:
+        running = ", ".join(f"{rid}:{strategy}" for rid, strategy in self.running.items()) or "-"
+        ending = ", ".join(f"{rid}:{why}" for rid, why in self.ending.items())
+        return f"step: run [{running}]" + (f" end [{ending}]" if ending else "") + f" waiting {self.waiting}"
 
 
 @dataclass(slots=True)
 class Result:
+    """A finished request, as the library's generate() returns it."""
+
     text: str
     token_ids: list[int]
     finish_reason: str
@@ -50,26 +59,26 @@ class Engine:
     def __init__(
         self,
         config: EngineConfig,
-        models=None,
+        executor: Executor | None = None,
         admission: Admission | None = None,
         telemetry: Telemetry | None = None,
     ):
         if config.threads:
             torch.set_num_threads(config.threads)
         self.config = config
-        self.models = models or ModelPool(config)  # or the Serve deployments (RemoteHosts)
+        self.executor = executor or LocalExecutor(config)
         serving = config.serving
-        admission = admission or TokenAdmission(serving.kv_budget_tokens)
+        admission = admission or LedgerAdmission(self.executor.placement)
         self.scheduler = Scheduler(admission, serving.max_concurrency, serving.max_queue)
-        self.sequences: dict[str, Sequence] = {}
-        self.releases: dict[str, list[str]] = {}  # role -> ended requests whose KV it still holds
+        self.requests: dict[str, EngineRequest] = {}
+        self.releases: dict[str, list[str]] = {}  # host -> ended requests whose KV it still holds
         self.ids = itertools.count()
-        self.worker: ThreadPoolExecutor | None = None  # step_async's thread: the event loop stays free
+        self.loop: asyncio.AbstractEventLoop | None = None  # step()'s own loop, for callers without one
         self.telemetry = telemetry or Telemetry(config)
 
     @property
     def tokenizer(self):
-        return self.models.meta().tokenizer
+        return self.executor.meta().tokenizer
 
     def encode(self, prompt: str) -> list[int]:
         if self.config.chat_template:
@@ -97,7 +106,7 @@ class Engine:
         request_id: str | None = None,
     ) -> Request:
         """Encode and check a prompt: ValueError names what is wrong."""
-        base = self.models.meta()
+        base = self.executor.meta()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt must not be empty")
@@ -117,18 +126,20 @@ class Engine:
         rid = request_id or f"req-{next(self.ids)}"
         return Request(rid, ids, max_new, mask_id, base.eos_id, sampling or SamplingParams())
 
-    def add(self, req: Request, strategy: str | None = None, params: dict | None = None, deadline=None) -> Sequence:
+    def add(
+        self, req: Request, strategy: str | None = None, params: dict | None = None, deadline: float | None = None
+    ) -> EngineRequest:
         """Queue a request with its strategy; ValueError names a bad parameter, ResourceExhausted a full queue."""
         name = strategy or self.config.strategy
         overrides = {**self.config.strategies.get(name, {}), **(params or {})}
-        stages = make_params(name, overrides).build(self.models)
-        if req.id in self.sequences:
+        stages = make_params(name, overrides).build(self.executor)
+        if req.id in self.requests:
             raise AlreadyExists(f"request_id {req.id!r} is already decoding")
-        seq = Sequence(req, stages, name, overrides, deadline)
-        self.scheduler.add(seq)
-        self.sequences[req.id] = seq
-        self.telemetry.added(seq)
-        return seq
+        er = EngineRequest(req, stages, name, overrides, deadline)
+        self.scheduler.add(er)
+        self.requests[req.id] = er
+        self.telemetry.added(er)
+        return er
 
     def add_request(
         self,
@@ -144,97 +155,132 @@ class Engine:
         return req
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """Any thread: the request ends with `reason` at the start of the next step."""
-        seq = self.sequences.get(request_id)
-        if seq is not None and seq.stop_reason is None:
-            seq.stop_reason = reason
+        """The request ends with `reason` at the start of the next step."""
+        er = self.requests.get(request_id)
+        if er is not None and er.stop_reason is None:
+            er.stop_reason = reason
 
     def has_unfinished(self) -> bool:
-        return bool(self.sequences)
+        return bool(self.requests)
 
-    def step(self) -> list[Output]:
-        ended, rounds = self.begin_step()
-        run(rounds, self.models.execute)
-        return ended + self.end_step(rounds)
-
-    async def step_async(self, emit: Callable[[Output], None]) -> None:
-        """One step on a worker thread, so that the event loop serving clients never waits on a forward."""
-        if self.worker is None:
-            self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-step")
-        for out in await asyncio.get_running_loop().run_in_executor(self.worker, self.step):
-            emit(out)
-
-    def begin_step(self) -> tuple[list[Output], Rounds]:
+    def schedule(self, emit: Emit) -> StepPlan:
+        """End what was aborted or expired, then admit from the queue while the ledger has room."""
         now = time.monotonic()
-        ended = [
-            self.end(seq, seq.stop_reason or "deadline")
-            for seq in list(self.sequences.values())
-            if seq.stop_reason or (seq.deadline is not None and now > seq.deadline)
-        ]
+        ending = {
+            rid: er.stop_reason or "deadline"
+            for rid, er in self.requests.items()
+            if er.stop_reason or (er.deadline is not None and now > er.deadline)
+        }
+        for rid, why in ending.items():
+            emit(self.end(self.requests[rid], why))
         running = self.scheduler.schedule()
-        self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
-        traces = self.telemetry.round_begins(running)
-        return ended, Rounds({seq.req.id: (seq.req, one_round(seq.req, seq.stages)) for seq in running}, traces)
+        self.telemetry.queue(len(running), len(self.scheduler.waiting))
+        return StepPlan(ending, {er.req.id: er.strategy for er in running}, len(self.scheduler.waiting))
 
-    def end_step(self, rounds: Rounds) -> list[Output]:
-        outputs = []
-        for rid, result in rounds.done.items():
-            seq = self.sequences.get(rid)
-            if seq is None:
-                continue  # ended while its round was out (a deadline)
-            self.telemetry.round_ends(seq, result)
-            if isinstance(result, BaseException):
-                outputs.append(self.end(seq, "error", result))
-                continue
-            self.scheduler.admission.progress(seq)
-            outputs.append(Output(rid, result))
-            if seq.req.finished:
-                self.end(seq)
-        self.flush_releases()
-        self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
+    async def step_async(self, emit: Emit) -> StepPlan:
+        """One step; each request's output is emitted as soon as it is known (one whose deadline passes while a
+        model call is out ends then, and the call goes on for the others)."""
+        plan = self.schedule(emit)
+        running = [self.requests[rid] for rid in plan.running]
+        rounds = Rounds(
+            {er.req.id: (er.req, one_round(er.req, er.stages)) for er in running}, self.telemetry.round_begins(running)
+        )
+        while rounds.waiting:
+            call = asyncio.ensure_future(self.executor.execute(rounds.groups(), rounds.parents()))
+            while not call.done():
+                await asyncio.wait({call}, timeout=self.next_deadline(rounds))
+                self.expire(rounds, emit)
+            rounds.deliver(call.result())
+        self.update(rounds, emit)
+        return plan
+
+    def step(self) -> list[RequestOutput]:
+        """step_async for callers without an event loop (the library, the CLI, benchmarks, tests)."""
+        outputs: list[RequestOutput] = []
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.step_async(outputs.append))
         return outputs
 
-    def end(self, seq: Sequence, reason: str | None = None, error: BaseException | None = None) -> Output:
+    def next_deadline(self, rounds: Rounds) -> float | None:
+        """Seconds until the first deadline of a request that waits on the call, or None."""
+        deadlines = [self.requests[rid].deadline for rid in rounds.waiting if rid in self.requests]
+        deadlines = [d for d in deadlines if d is not None]
+        return max(min(deadlines) - time.monotonic(), 0) if deadlines else None
+
+    def expire(self, rounds: Rounds, emit: Emit) -> None:
+        now = time.monotonic()
+        for rid in list(rounds.waiting):
+            er = self.requests.get(rid)
+            if er is None or er.deadline is None or now <= er.deadline:
+                continue
+            if rid in self.executor.resuming:
+                why = Unavailable(f"request {rid}: its replica was lost and none took it over before its deadline")
+                rounds.drop(rid, why)
+                emit(self.end(er, "error", why))
+            else:
+                rounds.drop(rid, TimeoutError("deadline passed while a model call was out"))
+                emit(self.end(er, "deadline"))
+
+    def update(self, rounds: Rounds, emit: Emit) -> None:
+        for rid, result in rounds.done.items():
+            er = self.requests.get(rid)
+            if er is None:
+                continue  # ended while its round was out (a deadline)
+            self.telemetry.round_ends(er, result)
+            if isinstance(result, BaseException):
+                emit(self.end(er, "error", result))
+                continue
+            self.scheduler.admission.progress(er)
+            emit(RequestOutput.of(er.req, result))
+            if er.req.finished:
+                self.end(er)
+        self.flush_releases()
+        self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
+
+    def end(self, er: EngineRequest, reason: str | None = None, error: BaseException | None = None) -> RequestOutput:
         """Take a request out: its budget, and (at the step's end) its KV on every host that holds it."""
-        req = seq.req
-        self.scheduler.finish(seq)
-        del self.sequences[req.id]
-        for role in seq.stages.roles:
-            self.releases.setdefault(role, []).append(req.id)
+        req = er.req
+        self.scheduler.finish(er)
+        del self.requests[req.id]
+        for host in er.stages.roles:
+            self.releases.setdefault(host, []).append(req.id)
         if reason is not None:
             req.finish_reason = reason
         req.stats.finish()
-        self.telemetry.finished(seq, error)
-        return Output(req.id, Committed([], [], req.finish_reason), error)
+        self.telemetry.finished(er, error)
+        return RequestOutput.ended(req, error)
 
     def flush_releases(self) -> None:
         releases, self.releases = self.releases, {}
-        for role, ids in releases.items():
-            self.models.release(role, ids)
+        for host, ids in releases.items():
+            self.executor.release(host, ids)
+        for rid in {rid for ids in releases.values() for rid in ids}:
+            self.scheduler.admission.placement.drop(rid)
 
-    def stream(self, req: Request, strategy: str | None = None, params: dict | None = None) -> Iterator[Committed]:
+    def stream(self, req: Request, strategy: str | None = None, params: dict | None = None) -> Iterator[RequestOutput]:
         """Queue one request (ValueError now, for a bad strategy or parameter) and decode it to its end."""
         self.add(req, strategy, params)
-        return self.events(req)
+        return self.outputs(req)
 
-    def events(self, req: Request) -> Iterator[Committed]:
-        """Step until the request ends, yielding its commits round by round. Requests added before it advance too;
+    def outputs(self, req: Request) -> Iterator[RequestOutput]:
+        """Step until the request ends, yielding its outputs round by round. Requests added before it advance too;
         their outputs are not kept: a caller with several requests uses step()."""
         try:
-            while req.id in self.sequences:
+            while req.id in self.requests:
                 for out in self.step():
                     if out.request_id == req.id:
                         if out.error is not None:
                             raise out.error
-                        yield out.event
+                        yield out
         finally:
             self.cancel([req])
 
     def cancel(self, reqs: list[Request]) -> None:
         """End these requests now if they still run (the caller stopped listening)."""
         for req in reqs:
-            if req.id in self.sequences:
-                self.end(self.sequences[req.id], "cancelled")
+            if req.id in self.requests:
+                self.end(self.requests[req.id], "cancelled")
         self.flush_releases()
 
     def generate(
@@ -244,7 +290,7 @@ class Engine:
         params: dict | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
-        on_commit: Callable[[Committed], None] | None = None,
+        on_output: Emit | None = None,
     ) -> Result | list[Result]:
         """Decode one prompt, or a list of prompts batched together (each with its own RNG seeded from sampling)."""
         many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
@@ -253,12 +299,12 @@ class Engine:
             self.add(req, strategy, params)
         ids = {req.id for req in reqs}
         try:
-            while any(req.id in self.sequences for req in reqs):
+            while any(req.id in self.requests for req in reqs):
                 for out in self.step():
                     if out.error is not None and out.request_id in ids:
                         raise out.error
-                    if on_commit and out.request_id in ids:
-                        on_commit(out.event)
+                    if on_output and out.request_id in ids:
+                        on_output(out)
         finally:
             self.cancel(reqs)
         outputs = [r.output_ids() for r in reqs]

@@ -1,81 +1,88 @@
-"""In-process hosts: each role's model loads on first use, and a step's call groups run on them one after another."""
+"""The in-process executor: each host loads its models on first use, and a step's call groups run on them one after
+another, on a worker thread so that an event loop serving clients never waits on a forward."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from services.ar_guider.host import GuiderHost
 from services.common.config import EngineConfig
+from services.common.contract import ROLES, Groups, Parents, Results, host_of, kv_hosts
 from services.common.models import LoadedModel, ModelMeta, load_model
+from services.common.placement import Placement
 from services.common.tracing import stage_spans
 from services.dlm_drafter.host import DrafterHost
 from services.filter.host import FilterHost, configured_filters
-from services.orchestrator.decode.round import Groups, Parents, Results
 
 Host = DrafterHost | GuiderHost | FilterHost
-HOSTS = {"drafter_bidirectional": "drafter", "filter_bidirectional": "filter"}  # roles another role's host serves
 
 
-class ModelPool:
+class LocalExecutor:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.loaded: dict[str, LoadedModel] = {}
         self.hosts: dict[str, Host] = {}
         self.roles = frozenset(config.models) | ({"drafter_ar"} if "drafter" in config.models else set())
+        self.placement = Placement(kv_hosts(config.models), lambda host: ["local"], config.serving.kv_budget_tokens)
+        self.resuming: set[str] = set()  # nothing is lost in process
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-step")
 
-    def load(self, role: str) -> LoadedModel:
-        if role not in self.loaded:
-            reordered = role == "drafter"
-            self.loaded[role] = load_model(self.config.path(role), self.config.device, self.config.dtype, reordered)
-        return self.loaded[role]
+    def load(self, model: str) -> LoadedModel:
+        if model not in self.loaded:
+            reordered = model == "drafter"
+            self.loaded[model] = load_model(self.config.path(model), self.config.device, self.config.dtype, reordered)
+        return self.loaded[model]
 
-    def host(self, role: str) -> Host:
-        if role not in self.hosts:
-            self.hosts[role] = self.make_host(role)
-        return self.hosts[role]
+    def host(self, name: str) -> Host:
+        if name not in self.hosts:
+            self.hosts[name] = self.make_host(name)
+        return self.hosts[name]
 
-    def make_host(self, role: str) -> Host:
-        budget = self.config.serving.kv_budget_tokens
-        if role == "drafter":
-            models = self.config.models
+    def make_host(self, name: str) -> Host:
+        models = self.config.models
+        if name == "drafter":
             causal = self.load("drafter") if "drafter" in models else None
             bidirectional = self.load("drafter_bidirectional") if "drafter_bidirectional" in models else None
-            return DrafterHost(causal, bidirectional, budget)
-        if role == "filter":
-            return FilterHost(*configured_filters(self.config.models))
-        return GuiderHost(self.load("drafter" if role == "drafter_ar" else role), budget)
+            return DrafterHost(causal, bidirectional)
+        if name == "filter":
+            return FilterHost(configured_filters(models))
+        return GuiderHost(self.load(ROLES[name].model))
 
-    def filter_block_size(self, drafter: str) -> int:
-        return self.host("filter").block_sizes()[drafter]
+    def filter_block_size(self, family: str) -> int:
+        return self.host("filter").block_sizes()[family]
 
-    def execute(self, groups: Groups, parents: Parents = None) -> Results:
+    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, self.run, groups, parents)
+
+    def run(self, groups: Groups, parents: Parents) -> Results:
         results: Results = {}
         for (role, method), args in groups.items():
             try:
                 with stage_spans(role, method, parents and parents[role, method], "local"):
-                    results[role, method] = getattr(self.host(role), method)(args)
+                    results[role, method] = getattr(self.host(ROLES[role].host), method)(args)
             except Exception as e:  # fails the requests of this group only
                 results[role, method] = e
         return results
 
-    def release(self, role: str, request_ids: list[str]) -> None:
-        if role in self.hosts:
-            self.hosts[role].release(request_ids)
+    def release(self, host: str, request_ids: list[str]) -> None:
+        if host in self.hosts:
+            self.hosts[host].release(request_ids)
 
     def meta(self) -> ModelMeta:
-        return self.load(first_role(self.config)).meta
+        return self.load(first_model(self.config)).meta
 
     def load_all(self) -> None:
         """Load every configured model now rather than on first use."""
-        for role in self.roles:
-            self.host(HOSTS.get(role, role))
+        for model in self.roles:
+            self.host(host_of(model))
 
     async def start(self) -> None:
         """A server's start: every model loaded, off the event loop."""
-        await asyncio.get_running_loop().run_in_executor(None, self.load_all)
+        await asyncio.get_running_loop().run_in_executor(self.worker, self.load_all)
 
 
-def first_role(config: EngineConfig) -> str:
+def first_model(config: EngineConfig) -> str:
     """The model whose tokenizer the engine speaks: all roles share one tokenizer."""
-    for role in ("drafter", "drafter_bidirectional", "guider", "ar"):
-        if role in config.models:
-            return role
+    for model in ("drafter", "drafter_bidirectional", "guider", "ar"):
+        if model in config.models:
+            return model
     raise ValueError("config names no model (models.drafter, models.guider, ...)")

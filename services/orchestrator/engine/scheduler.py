@@ -1,17 +1,18 @@
-"""Waiting and running queues. A request waits until the KV admission has room for it on its replicas, then runs:
-each step advances every running request one round. Admission is FIFO, so a large request is not starved by small
-ones behind it."""
+"""Waiting and running queues. A request waits until the KV ledger (placement.py) has room for it on one replica of
+every host that keeps its KV, then runs: each step advances every running request one round. Admission is FIFO, so a
+large request is not starved by small ones behind it."""
 
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.placement import Placement
 from services.common.request import Request
 from services.orchestrator.decode.strategies import Stages
 
 
 class ResourceExhausted(Exception):
-    pass
+    """The request can never fit, or the queue is full: gRPC RESOURCE_EXHAUSTED, HTTP 429."""
 
 
 class Unavailable(Exception):
@@ -20,8 +21,8 @@ class Unavailable(Exception):
 
 
 @dataclass(eq=False)
-class Sequence:
-    """A request as the scheduler sees it: its decode state, its stages and why it stops early, if it does."""
+class EngineRequest:
+    """A request as the engine holds it: its decode state, its stages and why it stops early, if it does."""
 
     req: Request
     stages: Stages
@@ -37,65 +38,64 @@ class Sequence:
 
 
 class Admission(Protocol):
-    """The KV budget of the replicas a request decodes on (in-process: token counts; served: the cache index)."""
+    """Admits requests against the KV ledger; served, it also records each decision in the cache index."""
+
+    placement: Placement  # the ledger
 
     async def start(self) -> None: ...  # on the serving event loop, before the first step
-    def fits(self, seq: Sequence) -> bool: ...  # could ever be admitted; Unavailable: not now
-    def admit(self, seq: Sequence) -> bool: ...  # reserve its tokens if there is room now
-    def progress(self, seq: Sequence) -> None: ...  # after each round: record what it committed
-    def release(self, seq: Sequence) -> None: ...
+    def fits(self, er: EngineRequest) -> bool: ...  # could ever be admitted; Unavailable: not now
+    def admit(self, er: EngineRequest) -> bool: ...  # reserve its tokens if there is room now
+    def progress(self, er: EngineRequest) -> None: ...  # after each round: record what it committed
+    def release(self, er: EngineRequest) -> None: ...
 
 
-class TokenAdmission:
-    """One replica per role in process: a plain count of reserved tokens against the budget."""
+class LedgerAdmission:
+    """The ledger alone: in process, and the base of the served admission."""
 
-    def __init__(self, budget_tokens: int):
-        self.budget, self.reserved = budget_tokens, {}
+    def __init__(self, placement: Placement):
+        self.placement = placement
 
     async def start(self) -> None:
         pass
 
-    def fits(self, seq: Sequence) -> bool:
-        return seq.tokens <= self.budget
+    def fits(self, er: EngineRequest) -> bool:
+        return er.tokens <= self.placement.budget
 
-    def admit(self, seq: Sequence) -> bool:
-        if sum(self.reserved.values()) + seq.tokens > self.budget:
-            return False
-        self.reserved[seq.req.id] = seq.tokens
-        return True
+    def admit(self, er: EngineRequest) -> bool:
+        return self.placement.place(er.req.id, er.tokens) is not None
 
-    def progress(self, seq: Sequence) -> None:
+    def progress(self, er: EngineRequest) -> None:
         pass
 
-    def release(self, seq: Sequence) -> None:
-        self.reserved.pop(seq.req.id, None)
+    def release(self, er: EngineRequest) -> None:
+        self.placement.free(er.req.id)
 
 
 class Scheduler:
     def __init__(self, admission: Admission, max_running: int, max_waiting: int):
         self.admission, self.max_running, self.max_waiting = admission, max_running, max_waiting
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
 
-    def add(self, seq: Sequence) -> None:
-        if not self.admission.fits(seq):
-            raise ResourceExhausted(f"prompt + max_new_tokens = {seq.tokens} KV tokens exceeds a replica's budget")
+    def add(self, er: EngineRequest) -> None:
+        if not self.admission.fits(er):
+            raise ResourceExhausted(f"prompt + max_new_tokens = {er.tokens} KV tokens exceeds a replica's budget")
         if len(self.waiting) >= self.max_waiting:
             raise ResourceExhausted(f"{len(self.waiting)} requests are already waiting for KV budget")
-        self.waiting.append(seq)
+        self.waiting.append(er)
 
-    def schedule(self) -> list[Sequence]:
+    def schedule(self) -> list[EngineRequest]:
         """Admit from the head of the queue while there is room; -> the requests this step advances."""
         while self.waiting and len(self.running) < self.max_running and self.admission.admit(self.waiting[0]):
             self.running.append(self.waiting.popleft())
         return list(self.running)
 
-    def finish(self, seq: Sequence) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
-            self.admission.release(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+    def finish(self, er: EngineRequest) -> None:
+        if er in self.running:
+            self.running.remove(er)
+            self.admission.release(er)
+        elif er in self.waiting:
+            self.waiting.remove(er)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)

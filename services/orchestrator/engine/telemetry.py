@@ -15,7 +15,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from services.common.config import EngineConfig
 from services.common.proposal import Committed
 from services.common.tracing import configure, traceparent
-from services.orchestrator.engine.scheduler import Sequence
+from services.orchestrator.engine.scheduler import EngineRequest
 
 log = logging.getLogger("dlm.requests")
 
@@ -29,7 +29,7 @@ class Metrics(Protocol):
 
 
 class Telemetry:
-    """One per engine. `replicas`: (request id, role) -> the replica that served it (served: RemoteHosts.replica_of;
+    """One per engine. `replicas`: (request id, role) -> the replica that served it (served: RemoteExecutor.replica_of;
     in process: "local")."""
 
     def __init__(
@@ -47,8 +47,8 @@ class Telemetry:
         self.requests: dict[str, Span] = {}
         self.rounds: dict[str, Span] = {}
 
-    def added(self, seq: Sequence) -> None:
-        req = seq.req
+    def added(self, er: EngineRequest) -> None:
+        req = er.req
         self.requests[req.id] = self.tracer.start_span(
             "dlm.request",
             attributes={
@@ -57,32 +57,32 @@ class Telemetry:
                 "gen_ai.request.max_tokens": req.max_new_tokens,
                 "gen_ai.usage.input_tokens": req.prompt_len,
                 "dlm.request_id": req.id,
-                "dlm.strategy": seq.strategy,
+                "dlm.strategy": er.strategy,
             },
         )
 
-    def round_begins(self, running: list[Sequence]) -> dict[str, str] | None:
+    def round_begins(self, running: list[EngineRequest]) -> dict[str, str] | None:
         """Open a round span per running request; -> request id -> its round's traceparent, None untraced."""
         parents = {}
-        for seq in running:
-            parent = self.requests.get(seq.req.id)
+        for er in running:
+            parent = self.requests.get(er.req.id)
             if parent is None or not parent.is_recording():
                 continue
             span = self.tracer.start_span(
                 "dlm.round",
                 trace.set_span_in_context(parent),
-                attributes={"dlm.round": seq.req.stats.rounds + 1, "dlm.strategy": seq.strategy},
+                attributes={"dlm.round": er.req.stats.rounds + 1, "dlm.strategy": er.strategy},
             )
-            self.rounds[seq.req.id] = span
-            parents[seq.req.id] = traceparent(span)
+            self.rounds[er.req.id] = span
+            parents[er.req.id] = traceparent(span)
         return parents or None
 
-    def round_ends(self, seq: Sequence, result: Committed | BaseException | None) -> None:
+    def round_ends(self, er: EngineRequest, result: Committed | BaseException | None) -> None:
         """result: the round's commits, why it failed, or None when it never finished (the request ended)."""
-        stats = seq.req.stats
+        stats = er.req.stats
         accepted = stats.accepted[-1] if isinstance(result, Committed) and stats.accepted else 0
         proposed = stats.proposed[-1] if isinstance(result, Committed) and stats.proposed else 0
-        span = self.rounds.pop(seq.req.id, None)
+        span = self.rounds.pop(er.req.id, None)
         if span is not None:
             span.set_attribute("dlm.tokens_accepted", accepted)
             span.set_attribute("dlm.tokens_proposed", proposed)
@@ -91,19 +91,19 @@ class Telemetry:
                 span.set_status(Status(StatusCode.ERROR, str(result)))
             span.end()
         if self.metrics is not None and isinstance(result, Committed):
-            self.metrics.round(seq.strategy, accepted, proposed)
+            self.metrics.round(er.strategy, accepted, proposed)
 
-    def finished(self, seq: Sequence, error: BaseException | None = None) -> dict:
+    def finished(self, er: EngineRequest, error: BaseException | None = None) -> dict:
         """The request ended (any reason): close its spans, count it, and log its JSON line; -> the record."""
-        self.round_ends(seq, None)
-        req, stats = seq.req, seq.req.stats
+        self.round_ends(er, None)
+        req, stats = er.req, er.req.stats
         end = stats.end_s or time.perf_counter()
         latency = end - stats.start_s
         ttft = (stats.first_commit_s or end) - stats.start_s
         record = {
             "event": "request_finished",
             "request_id": req.id,
-            "strategy": seq.strategy,
+            "strategy": er.strategy,
             "prompt_tokens": req.prompt_len,
             "output_tokens": stats.tokens,
             "rounds": stats.rounds,
@@ -113,7 +113,7 @@ class Telemetry:
             "latency_s": round(latency, 6),
             "tpot_s": round((latency - ttft) / max(stats.tokens - 1, 1), 6),
             "finish_reason": req.finish_reason,
-            "replicas": {role: self.replicas(req.id, role) for role in seq.stages.roles},
+            "replicas": {role: self.replicas(req.id, role) for role in er.stages.roles},
         }
         span = self.requests.pop(req.id, None)
         if span is not None:

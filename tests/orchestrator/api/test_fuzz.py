@@ -10,7 +10,7 @@ from google.protobuf.descriptor import FieldDescriptor as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.orchestrator.api.frontend import EngineBackend
+from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.api.grpc_server import Limits
 from services.orchestrator.decode.strategies import STRATEGIES
 from services.orchestrator.engine.engine import Engine
@@ -101,7 +101,7 @@ def assign(out, values: dict) -> None:
 @pytest.fixture(scope="module")
 def fuzzed(engine):
     serving = replace(engine.config.serving, limits=Limits(max_new_tokens=8))
-    harness = Harness(EngineBackend(Engine(replace(engine.config, serving=serving), models=engine.models)))
+    harness = Harness(Frontend(Engine(replace(engine.config, serving=serving), executor=engine.executor)))
     harness.client.wait_ready()
     yield harness
     harness.close()
@@ -125,5 +125,5 @@ def test_any_generate_request_ends_ok_or_with_a_documented_status(fuzzed):
     call()
     assert fuzzed.client.health() == "SERVING"
     assert fuzzed.backend.live() == []
-    hosts = fuzzed.backend.engine.models.hosts.values()
+    hosts = fuzzed.backend.engine.executor.hosts.values()
     assert not [rid for host in hosts if hasattr(host, "kv") for rid in host.kv.caches]

@@ -21,7 +21,7 @@ CASES = {
 def test_one_logprob_per_committed_token_from_the_deciding_model(engine, strategy):
     params, verified = CASES[strategy]
     events = []
-    result = engine.generate(PROMPT, strategy, params, 16, SamplingParams(logprobs=2), on_commit=events.append)
+    result = engine.generate(PROMPT, strategy, params, 16, SamplingParams(logprobs=2), on_output=events.append)
     logprobs = [lp for e in events for lp in e.logprobs]
     assert len(logprobs) == sum(len(e.ids) for e in events) >= len(result.token_ids)
     assert all(lp.logprob <= 0 and len(lp.top) <= 2 for lp in logprobs)
@@ -34,7 +34,7 @@ def test_one_logprob_per_committed_token_from_the_deciding_model(engine, strateg
 
 def test_no_logprobs_unless_asked(engine):
     events = []
-    engine.generate(PROMPT, "pipeline", {"window": 6}, 8, on_commit=events.append)
+    engine.generate(PROMPT, "pipeline", {"window": 6}, 8, on_output=events.append)
     assert events and not any(e.logprobs for e in events)
 
 

@@ -19,7 +19,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli.client import DlmClient
-from services.orchestrator.api.frontend import EngineBackend
+from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.engine.engine import Engine
 from services.serving.wire import SERVICE, pb
 from tests.orchestrator.api.test_server import PROMPT, Harness
@@ -81,7 +81,7 @@ def pki(tmp_path_factory) -> dict[str, str]:
 
 def harness(engine, serving: dict, **client) -> Harness:
     config = replace(engine.config, serving=replace(engine.config.serving, **serving))
-    served = Harness(EngineBackend(Engine(config, models=engine.models)), **client)
+    served = Harness(Frontend(Engine(config, executor=engine.executor)), **client)
     served.client.wait_ready()
     return served
 
@@ -205,7 +205,7 @@ def test_openai_api_takes_the_same_bearer_token(engine):
     uvicorn = pytest.importorskip("uvicorn")
     from services.orchestrator.api.openai_api import api, attach
 
-    backend = EngineBackend(Engine(engine.config, models=engine.models))
+    backend = Frontend(Engine(engine.config, executor=engine.executor))
     backend.ready = True  # the routes checked here read model info only; nothing decodes
     attach(backend, engine.config.serving.limits, TOKEN)
     port = free_port()

@@ -16,11 +16,11 @@ from services.cli.cli import main
 from services.cli.client import DlmClient
 from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
-from services.orchestrator.engine import engine as engine_module
-from services.orchestrator.api.frontend import EngineBackend
+from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.api.grpc_server import Limits, Server
 from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import STRATEGIES, defaults
+from services.orchestrator.engine import engine as engine_module
 from services.orchestrator.engine.engine import Engine
 from services.serving.wire import SERVICE, pb
 
@@ -56,15 +56,15 @@ class Harness:
         self.thread.join(5)
 
 
-def backend(engine) -> EngineBackend:
+def backend(engine) -> Frontend:
     """A server's own engine over the library engine's models (its KV hosts are shared)."""
-    return EngineBackend(Engine(engine.config, models=engine.models))
+    return Frontend(Engine(engine.config, executor=engine.executor))
 
 
 @pytest.fixture(scope="module")
 def served(engine):
     serving = replace(engine.config.serving, limits=Limits(max_new_tokens=64))
-    harness = Harness(EngineBackend(Engine(replace(engine.config, serving=serving), models=engine.models)))
+    harness = Harness(Frontend(Engine(replace(engine.config, serving=serving), executor=engine.executor)))
     assert harness.server.limits.max_new_tokens == 64  # the server's limits are the config's serving.limits
     harness.client.wait_ready()
     yield harness
@@ -85,7 +85,7 @@ def slow(monkeypatch):
 
 def holds_state(backend, request_id: str) -> bool:
     """Whether a host still keeps KV for the request."""
-    return any(request_id in host.kv.caches for host in backend.engine.models.hosts.values() if hasattr(host, "kv"))
+    return any(request_id in host.kv.caches for host in backend.engine.executor.hosts.values() if hasattr(host, "kv"))
 
 
 def gone(backend, request_id: str, within: float = 1.0) -> bool:
@@ -189,9 +189,9 @@ def test_bad_request_is_invalid_argument_and_server_goes_on(served, bad, field):
     assert served.backend.live() == []
 
 
-class GatedBackend(EngineBackend):
+class GatedBackend(Frontend):
     def __init__(self, engine, gate: threading.Event):
-        super().__init__(Engine(engine.config, models=engine.models))
+        super().__init__(Engine(engine.config, executor=engine.executor))
         self.gate = gate
 
     async def start(self) -> None:

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
+from services.common.placement import Placement
 from services.orchestrator.cluster.admission import IndexAdmission
-from services.orchestrator.cluster.placement import Placement
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import EmbeddedCacheIndex, IndexUnavailable
@@ -17,7 +17,7 @@ def engine_with(engine, budget: int, max_queue: int = 4, index=None) -> Engine:
     admission = IndexAdmission(index or EmbeddedCacheIndex(), placement, ttl_s=60)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
-    return Engine(type(config)(models=config.models, serving=serving), models=engine.models, admission=admission)
+    return Engine(type(config)(models=config.models, serving=serving), executor=engine.executor, admission=admission)
 
 
 def mirrored(eng: Engine) -> EmbeddedCacheIndex:
@@ -64,7 +64,7 @@ def test_index_records_commits_and_forgets_the_request(engine):
     rounds.close()  # a cancelled request: everything goes
     index = mirrored(eng)
     assert asyncio.run(index.keys(req.id)) == [] and asyncio.run(index.replica_tokens("d0")) == 0
-    assert all(req.id not in host.kv.caches for host in eng.models.hosts.values() if hasattr(host, "kv"))
+    assert all(req.id not in host.kv.caches for host in eng.executor.hosts.values() if hasattr(host, "kv"))
 
 
 def test_a_moved_request_is_recorded_on_its_new_replica(engine):
@@ -89,7 +89,7 @@ def test_waiting_request_past_its_deadline_ends_without_running(engine):
     late = eng.request("copy: the lazy dog", max_new_tokens=40)
     eng.add(late, "streaming", deadline=0.0)
     outs = eng.step()
-    assert [(o.request_id, o.event.finish_reason) for o in outs if o.request_id == late.id] == [(late.id, "deadline")]
+    assert [(o.request_id, o.finish_reason) for o in outs if o.request_id == late.id] == [(late.id, "deadline")]
     assert late.stats.rounds == 0
     eng.cancel([first])
 
@@ -139,23 +139,23 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(engine, monkeypatc
     await admission.start()
     ended = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     live = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
-    eng.step()
+    await eng.step_async(print)
     await settled(admission, down=False)
     assert (await index.inner.get(ended.id)) is not None
     index.up = noticed is None
     if noticed == "ping":
         await settled(admission, down=True)
     eng.abort(ended.id)
-    eng.step()  # ends `ended`; `live` goes on from the admission's copy
+    await eng.step_async(print)  # ends `ended`; `live` goes on from the admission's copy
     if noticed is not None:
         await settled(admission, down=True)
         with pytest.raises(Unavailable, match=r"cache index \(Redis at test\) unavailable: Connection refused"):
             eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)
-        eng.step()
+        await eng.step_async(print)
     if lost:
         index.inner = EmbeddedCacheIndex()
     index.up = True
-    eng.step()  # unnoticed: this step's commit finds no entry
+    await eng.step_async(print)  # unnoticed: this step's commit finds no entry
     await settled(admission, down=False)
     assert await index.inner.keys(ended.id) == []
     entry = await index.inner.get(live.id)
@@ -164,7 +164,7 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(engine, monkeypatc
     tokens = live.prompt_len + 40
     assert await index.inner.holdings("d0") == {live.id: tokens} == await index.inner.holdings("g0")
     eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)  # admitted again
-    eng.cancel([s.req for s in eng.sequences.values()])
+    eng.cancel([s.req for s in eng.requests.values()])
     await settled(admission, down=False)
     assert not [k for k in await index.inner.storage_keys() if ":req:" in k]
     admission.writer.task.cancel()

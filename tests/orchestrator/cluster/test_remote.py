@@ -1,4 +1,4 @@
-"""RemoteHosts over stand-in deployment handles: a group splits into one call per replica holding its requests' KV,
+"""RemoteExecutor over stand-in deployment handles: a group splits into one call per replica holding its requests' KV,
 and the requests of a lost or scaled-down replica move to a live one and their call goes again."""
 
 import asyncio
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import ActorDiedError
 
-from services.common.calls import Reply
 from services.common.config import EngineConfig, ServingConfig
-from services.orchestrator.cluster.remote_executor import RemoteHosts
+from services.common.contract import Reply
+from services.orchestrator.cluster.remote_executor import RemoteExecutor
 from services.orchestrator.engine.scheduler import Unavailable
 from services.serving import live_replicas
 
@@ -23,7 +23,7 @@ class Deployment:
         self.run = SimpleNamespace(remote=self.remote)
 
     async def remote(self, method, args, parents, replica=None):
-        self.calls.append((replica, [call[0].id for call in args]))
+        self.calls.append((replica, [call.req.id for call in args]))
         if replica in self.dead:
             raise ActorDiedError()
         return [Reply(replica) for _ in args]
@@ -33,12 +33,12 @@ class Deployment:
 def hosts(monkeypatch):
     monkeypatch.setattr(live_replicas, "LIVE", {"drafter": ["d0", "d1"]})
     drafter = Deployment()
-    config = EngineConfig(serving=ServingConfig(resume_timeout_s=0.5))
-    return RemoteHosts(config, {"drafter": drafter, "filter": Deployment()}), drafter
+    config = EngineConfig(models={"drafter": "d", "filter": "f"}, serving=ServingConfig(resume_timeout_s=0.5))
+    return RemoteExecutor(config, {"drafter": drafter, "filter": Deployment()}), drafter
 
 
-def calls(*rids: str) -> list[tuple]:
-    return [(SimpleNamespace(id=rid), "args") for rid in rids]
+def calls(*rids: str) -> list[SimpleNamespace]:
+    return [SimpleNamespace(req=SimpleNamespace(id=rid)) for rid in rids]
 
 
 def values(results, key=("drafter", "propose")) -> list:

@@ -111,7 +111,7 @@ def test_filter_scores_see_the_block_with_decided_positions_certain():
     prop = Proposal(torch.tensor([9, 12]), torch.tensor([3, 4]), torch.tensor([0.3, 0.7]), torch.zeros(2), None)
     call = filter_call("causal", Region(8, 16), prop)
     assert (call.role, call.method) == ("filter", "accept_probs")
-    [confidence] = call.args
+    confidence = call.args.confidence
     assert confidence.tolist() == pytest.approx([1, 0.3, 1, 1, 0.7, 1, 1, 1])
     assert proposal_scores(confidence * 0.5, Region(8, 16), prop).tolist() == pytest.approx([0.15, 0.35])
 

@@ -154,17 +154,17 @@ def over_the_hop(engine: Engine, lose_kv_after: int | None = None):
     """Every host call as on a Serve replica: the host gets pickled copies of the request, the engine pickled
     replies. lose_kv_after: after that many drafter calls, the replica drops every request's KV (a restarted
     replica), and the next call rebuilds it from req.order."""
-    execute, calls = engine.models.execute, []
+    execute, calls = engine.executor.execute, []
 
-    def hop(groups, parents=None):
+    async def hop(groups, parents=None):
         if lose_kv_after is not None and len(calls) == lose_kv_after:
-            host = engine.models.host("drafter")
+            host = engine.executor.host("drafter")
             host.release(list(host.held()))
         calls.extend(key for key in groups if key[0] == "drafter")
         sent = pickle.loads(pickle.dumps(groups))
-        return {key: pickle.loads(pickle.dumps(replies)) for key, replies in execute(sent, parents).items()}
+        return {key: pickle.loads(pickle.dumps(replies)) for key, replies in (await execute(sent, parents)).items()}
 
-    engine.models.execute = hop
+    engine.executor.execute = hop
 
 
 def test_reuse_happens_on_the_replica_across_the_hop():

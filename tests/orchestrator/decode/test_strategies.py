@@ -16,8 +16,8 @@ CASES = (
 
 @pytest.mark.parametrize("strategy,params", CASES, ids=[f"{s}-{'-'.join(map(str, p.values()))}" for s, p in CASES])
 def test_strategy_runs_and_keeps_invariants(engine, strategy, params):
-    mask_id = engine.models.meta().mask_id
-    eos_id = engine.models.meta().eos_id
+    mask_id = engine.executor.meta().mask_id
+    eos_id = engine.executor.meta().eos_id
     req = engine.request(PROMPTS[0], max_new_tokens=20)
     events = list(engine.stream(req, strategy, params))
     ids = req.output_ids()
@@ -76,7 +76,7 @@ def test_streaming_commits_in_order_and_window_keeps_its_size(engine):
 
     stages.commit.region = recording_region
     streamed = []
-    for event in engine.events(req):
+    for event in engine.outputs(req):
         assert not event.spans  # streaming commits only the contiguous prefix
         streamed.extend(event.ids)
         for pos in req.decided.nonzero().squeeze(-1).tolist():  # a decided token never changes
@@ -126,6 +126,6 @@ def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt
     ids = reference.token_ids + [0] * 24
     req = engine.request(prompt, max_new_tokens=24)
     engine.add(req, "guided", {"top_k_match": 1, "block_size": 8}).stages.propose = OracleDrafter(ids).propose
-    list(engine.events(req))
+    list(engine.outputs(req))
     assert req.output_ids() == reference.token_ids
     assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)

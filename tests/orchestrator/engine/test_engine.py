@@ -7,7 +7,6 @@ import time
 import pytest
 
 from services.common.sampling import SamplingParams
-from services.orchestrator.engine.async_engine import AsyncEngine
 from services.orchestrator.engine.engine import Engine
 
 PROMPTS = ["count from 1 to 9:", "copy: the lazy dog", "def add(a, b):", "sort 5 3 9 1:"]
@@ -25,7 +24,7 @@ MIXED = [
 
 def own_engine(engine) -> Engine:
     """An engine of its own (its own scheduler) over the session's loaded models."""
-    return Engine(engine.config, models=engine.models)
+    return Engine(engine.config, executor=engine.executor)
 
 
 def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
@@ -36,18 +35,18 @@ def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
     ]
     alone = [eng.generate(prompt, s, p, 16, sampling) for prompt, s, p, sampling in jobs]
     calls: list[dict] = []
-    execute = eng.models.execute
+    execute = eng.executor.execute
 
-    def recording(groups, parents=None):
+    async def recording(groups, parents=None):
         calls.append({key: len(args) for key, args in groups.items()})
-        return execute(groups, parents)
+        return await execute(groups, parents)
 
-    eng.models.execute = recording
+    eng.executor.execute = recording
     try:
         reqs = [eng.add_request(prompt, s, p, 16, sampling) for prompt, s, p, sampling in jobs]
         first = eng.step()
     finally:
-        del eng.models.execute
+        del eng.executor.execute
     assert {out.request_id for out in first} == {req.id for req in reqs}  # one step: one round for each
     assert calls[0][("drafter", "propose")] == 4  # pipeline, streaming, causal guided, slot: one batched call
     assert calls[0][("drafter", "propose_bidirectional")] == 2  # guided and threshold share a forward
@@ -69,7 +68,8 @@ def test_generate_takes_a_list_of_prompts(engine):
 
 
 def test_max_concurrency_bounds_the_running_set(engine):
-    eng = Engine(type(engine.config)(models=engine.config.models, serving={"max_concurrency": 2}), models=engine.models)
+    config = type(engine.config)(models=engine.config.models, serving={"max_concurrency": 2})
+    eng = Engine(config, executor=engine.executor)
     reqs = [eng.add_request(p, "streaming", {"window": 6}, 8) for p in PROMPTS]
     assert {out.request_id for out in eng.step()} == {reqs[0].id, reqs[1].id}  # FIFO admission
     assert len(eng.scheduler.running) == 2 and len(eng.scheduler.waiting) == 2
@@ -82,46 +82,46 @@ def test_abort_ends_the_request_and_frees_its_kv(engine):
     eng = own_engine(engine)
     req = eng.add_request(PROMPTS[0], "pipeline", {"window": 4}, 64)
     eng.step()
-    assert req.id in eng.models.host("drafter").held() and req.id in eng.models.host("guider").held()
+    assert req.id in eng.executor.host("drafter").held() and req.id in eng.executor.host("guider").held()
     eng.abort(req.id)
     [out] = eng.step()
-    assert (out.request_id, out.event.finish_reason) == (req.id, "cancelled")
-    assert req.id not in eng.models.host("drafter").held() and req.id not in eng.models.host("guider").held()
+    assert (out.request_id, out.finish_reason) == (req.id, "cancelled")
+    assert req.id not in eng.executor.host("drafter").held() and req.id not in eng.executor.host("guider").held()
     assert not eng.has_unfinished()
 
 
 def test_a_failing_host_call_fails_only_its_group(engine):
     eng = own_engine(engine)
-    execute = eng.models.execute
+    execute = eng.executor.execute
 
-    def failing(groups, parents=None):
-        results = execute(groups, parents)
+    async def failing(groups, parents=None):
+        results = await execute(groups, parents)
         if ("ar", "forward") in results:
             results["ar", "forward"] = RuntimeError("replica lost")
         return results
 
-    eng.models.execute = failing
+    eng.executor.execute = failing
     try:
         broken = eng.add_request(PROMPTS[0], "ar", {"model": "ar"}, 8)
         fine = eng.add_request(PROMPTS[1], "streaming", {"window": 6}, 8)
         outs = {out.request_id: out for out in eng.step()}
     finally:
-        del eng.models.execute
-    assert "replica lost" in str(outs[broken.id].error) and outs[broken.id].event.finish_reason == "error"
-    assert outs[fine.id].error is None and fine.id in eng.sequences
+        del eng.executor.execute
+    assert "replica lost" in str(outs[broken.id].error) and outs[broken.id].finish_reason == "error"
+    assert outs[fine.id].error is None and fine.id in eng.requests
     eng.cancel([fine])
 
 
 class StalledHosts:
     """Remote hosts whose replica never answers."""
 
-    def __init__(self, models):
-        self.models, self.released = models, []
+    def __init__(self, executor):
+        self.executor, self.released = executor, []
 
     resuming: set[str] = set()
 
     def __getattr__(self, name):
-        return getattr(self.models, name)
+        return getattr(self.executor, name)
 
     async def execute(self, groups, parents=None):
         await asyncio.Event().wait()
@@ -131,7 +131,7 @@ class StalledHosts:
 
 
 def test_deadline_ends_a_request_while_its_call_is_stalled(engine):
-    eng = AsyncEngine(engine.config, models=StalledHosts(engine.models))
+    eng = Engine(engine.config, executor=StalledHosts(engine.executor))
     req = eng.request(PROMPTS[0], 8)
     eng.add(req, "streaming", {"window": 6}, deadline=time.monotonic() + 0.3)
     ended = []
@@ -147,7 +147,7 @@ def test_deadline_ends_a_request_while_its_call_is_stalled(engine):
 
     waited = asyncio.run(scenario())
     assert waited < 0.3 + 0.5
-    assert [(o.request_id, o.event.finish_reason) for o in ended] == [(req.id, "deadline")]
+    assert [(o.request_id, o.finish_reason) for o in ended] == [(req.id, "deadline")]
     assert not eng.has_unfinished()
 
 
@@ -172,17 +172,17 @@ def test_model_forwards_count_every_model_call(engine, strategy, params):
     the filter's call: model_forwards counts each, where TPF counts rounds."""
     eng = own_engine(engine)
     calls = []
-    execute = eng.models.execute
+    execute = eng.executor.execute
 
-    def recording(groups, parents=None):
+    async def recording(groups, parents=None):
         calls.append(sum(len(args) for args in groups.values()))
-        return execute(groups, parents)
+        return await execute(groups, parents)
 
-    eng.models.execute = recording
+    eng.executor.execute = recording
     try:
         stats = eng.generate(PROMPTS[0], strategy, params, 12).stats
     finally:
-        del eng.models.execute
+        del eng.executor.execute
     assert stats["model_forwards"] == sum(calls)
     assert stats["model_forwards"] == stats["drafter_forwards"] + stats["guider_forwards"] + stats["filter_calls"]
     assert stats["tokens_per_forward"] == stats["tokens"] / stats["model_forwards"]

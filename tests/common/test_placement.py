@@ -1,7 +1,7 @@
 """Placement: new requests on the live replica with the most free KV budget; a request whose replica is gone moves
 to the freest live one (tests/orchestrator/cluster/test_admission.py: the cache index follows it)."""
 
-from services.orchestrator.cluster.placement import Placement
+from services.common.placement import Placement
 
 
 def test_new_requests_go_to_the_freest_live_replica_until_none_has_room():

@@ -1,8 +1,12 @@
 """Where each request's KV lives: one replica of every deployment that holds KV (drafter, guider, ar). A request is
 placed when it is admitted, on the live replica with the most free KV budget, and stays there until that replica goes
 (it died, timed out, or Serve scaled it down); it then moves to the live replica with the most free budget, which
-rebuilds its KV from the request (services/serving/replica_router.py). The cache index records every placement
-(admission.py); the remote hosts route each call by it (remote.py)."""
+rebuilds its KV from the request (services/serving/replica_router.py).
+
+It is the one KV ledger: each executor has one (services/common/contract.py), the engine's scheduler admits a
+request only where it reserves room in it, and the replicas keep no budget of their own. In process each host has
+one replica, "local"; served, the remote executor routes each call by it and the cache index records what it decided
+(services/orchestrator/cluster/admission.py)."""
 
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -46,19 +50,15 @@ class Placement:
         return replica
 
     def free(self, request_id: str) -> None:
-        """Give back its budget; routing keeps its replicas until its KV is released there (forget)."""
+        """Give back its budget; routing keeps its replicas until its KV is released there (drop)."""
         for replica in self.where.get(request_id, {}).values():
             self.used[replica] -= self.tokens[request_id]
         self.tokens[request_id] = 0
 
-    def forget(self, request_id: str, deployment: str) -> str | None:
-        """After its KV was released on `deployment`: -> the replica that held it."""
-        held = self.where.get(request_id, {})
-        replica = held.pop(deployment, None)
-        if not held:
-            self.where.pop(request_id, None)
-            self.tokens.pop(request_id, None)
-        return replica
+    def drop(self, request_id: str) -> None:
+        """After its KV was released everywhere: forget where it was."""
+        self.where.pop(request_id, None)
+        self.tokens.pop(request_id, None)
 
     def freest(self, deployment: str, gone: set[str] = frozenset()) -> str | None:
         live = [r for r in self.live(deployment) if r not in gone]

@@ -1,0 +1,250 @@
+"""The engine-host contract: the roles a step can call, what each model host's methods take and return, and the
+executor that carries a step's calls to the hosts.
+
+A decode stage (services/orchestrator/decode) yields `Call`s: a role and one request's typed arguments. The engine
+groups a step's calls by (role, method) and hands the groups to its `Executor`, which runs each group as one batched
+call of that role's host: in process (orchestrator/engine/local_executor.py) or on the host's Ray Serve replicas
+(orchestrator/cluster/remote_executor.py). A host method takes the list of every request's arguments and returns one
+`Reply` per request, in order. The role table below is the one place that says which host serves a role, whether it
+keeps per-request KV, and which counter of a request's stats its calls feed.
+"""
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import torch
+
+from services.common.models import ModelMeta
+from services.common.placement import Placement
+from services.common.proposal import Region
+from services.common.request import Request
+
+T = TypeVar("T")
+
+
+class Role(StrEnum):
+    DRAFTER = "drafter"  # the diffusion drafters: causal (models.drafter), bidirectional (drafter_bidirectional)
+    DRAFTER_AR = "drafter_ar"  # the causal drafter decoding left to right, as an AR model (in process only)
+    GUIDER = "guider"
+    AR = "ar"  # the same-size AR baseline
+    FILTER = "filter"  # the Learn2PD filters of both drafter families
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    host: str  # the host (in process) and Serve deployment (served) that runs the role's calls
+    model: str  # the config's models key whose weights its host loads
+    holds_kv: bool  # keeps per-request KV between calls: placed on one replica, released when the request ends
+    counter: str  # the RequestStats field each of its calls counts
+
+
+ROLES = {
+    Role.DRAFTER: RoleSpec("drafter", "drafter", True, "drafter_forwards"),
+    Role.DRAFTER_AR: RoleSpec("drafter_ar", "drafter", True, "drafter_forwards"),
+    Role.GUIDER: RoleSpec("guider", "guider", True, "guider_forwards"),
+    Role.AR: RoleSpec("ar", "ar", True, "drafter_forwards"),
+    Role.FILTER: RoleSpec("filter", "filter", False, "filter_calls"),
+}
+SERVED = (Role.DRAFTER, Role.GUIDER, Role.AR, Role.FILTER)  # roles with a Serve deployment of their own
+FAMILIES = ("causal", "bidirectional")  # drafter families; each has its own filter
+DRAFTER_MODELS = {"causal": "drafter", "bidirectional": "drafter_bidirectional"}  # family -> models key
+FILTER_MODELS = {"causal": "filter", "bidirectional": "filter_bidirectional"}  # family -> models key
+MODEL_HOSTS = {"drafter_bidirectional": "drafter", "filter_bidirectional": "filter"}  # models key -> host serving it
+CACHE_MODES = ("none", "prefix", "dual", "freecache", "vicinity")  # the bidirectional drafter's KV cache modes
+
+
+def host_of(model: str) -> str:
+    """The host that loads a config models key."""
+    return MODEL_HOSTS.get(model, model)
+
+
+def kv_hosts(models: dict[str, str]) -> list[str]:
+    """Hosts that keep per-request KV for a config's models, in role order."""
+    served = {host_of(m) for m in models}
+    return [ROLES[r].host for r in SERVED if ROLES[r].holds_kv and ROLES[r].host in served]
+
+
+@dataclass(slots=True)
+class Smoothing:
+    """dInfer's iteration smoothing (001 A.1): weight of the last forward's expected embedding in masked inputs."""
+
+    alpha_init: float = 0.1
+    alpha_growth: float = 0.05
+    alpha_max: float = 0.3  # dInfer App. D cont_weight
+
+    def alpha(self, step: int) -> float:
+        return min(self.alpha_init + self.alpha_growth * step, self.alpha_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Vicinity:
+    """The vicinity cache mode's settings (001 App. D: prefix look and after look 16, warmup_times 4)."""
+
+    prefix_look: int = 16
+    after_look: int = 16
+    warmup_times: int = 4
+
+
+# One request's arguments per host method. `method` names the host method; the reply's value is in each docstring.
+
+
+@dataclass(frozen=True, slots=True)
+class Propose:
+    """Drafter: fill the region's masks with the causal drafter, one forward. -> Proposal"""
+
+    method: ClassVar[str] = "propose"
+    req: Request
+    region: Region
+    keep_logits: bool = False  # the full distribution comes back only for gates that fuse it (credit)
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeBidirectional:
+    """Drafter: fill the region's masks with the bidirectional drafter under a cache mode. -> Proposal"""
+
+    method: ClassVar[str] = "propose_bidirectional"
+    req: Request
+    region: Region
+    cache: str  # one of CACHE_MODES
+    vicinity: Vicinity = Vicinity()  # read by cache "vicinity" only
+    smoothing: Smoothing | None = None
+    keep_logits: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterForward:
+    """Drafter: the causal drafter over explicit tokens (slot verification and completion, 000 §4.2). -> logits
+    [n, V]"""
+
+    method: ClassVar[str] = "forward"
+    req: Request
+    ids: torch.Tensor  # [n] tokens
+    positions: torch.Tensor  # [n] their logical positions
+    groups: torch.Tensor | None  # [n] slot of each token: tokens attend only within their slot; None: all causal
+    stage_kv: bool = False  # keep this forward's KV on the replica for the commits its round makes
+
+
+@dataclass(frozen=True, slots=True)
+class Verify:
+    """Guider: check a draft from `start` in one forward. -> Verdict"""
+
+    method: ClassVar[str] = "verify"
+    req: Request
+    start: int  # the request's frontier
+    draft: torch.Tensor  # [M] tokens from start to the region's end
+    top_k: int
+
+
+@dataclass(frozen=True, slots=True)
+class ARForward:
+    """Guider, AR baseline or drafter_ar: next-token logits after a draft. -> logits [M + 1, V]"""
+
+    method: ClassVar[str] = "forward"
+    req: Request
+    start: int
+    draft: torch.Tensor  # [M]; empty for plain AR decoding
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptProbs:
+    """Filter: Learn2PD accept scores of a block's confidences (004 Alg. 2). -> scores [n]"""
+
+    method: ClassVar[str] = "accept_probs"
+    family: str  # the proposing drafter's family (FAMILIES): its own filter scores it
+    confidence: torch.Tensor  # [n]
+
+
+Args = Propose | ProposeBidirectional | DrafterForward | Verify | ARForward | AcceptProbs
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    role: Role
+    args: Args
+
+    @property
+    def method(self) -> str:
+        return self.args.method
+
+
+@dataclass(slots=True)
+class Reply:
+    value: Any
+    tokens: int = 0  # token instances the call ran through the model for this request (p_cache's N_fwd)
+    generator: torch.Generator | None = None  # the request's sampling RNG after the call (a remote host ran a copy)
+
+
+Stage = Generator[list[Call], list[Any], T]  # yields calls, receives their values in order, returns T
+
+
+def no_calls() -> Stage[None]:
+    """A stage that needs no model this round."""
+    return
+    yield
+
+
+Key = tuple[Role, str]  # (role, method)
+Groups = dict[Key, list[Args]]  # each group's arguments, one per call, in order
+Results = dict[Key, list[Reply] | BaseException]  # each group's replies in the same order, or why it failed
+Parents = dict[Key, list[str]] | None  # per group, each call's round traceparent; None: untraced
+
+
+class DrafterHost(Protocol):
+    def propose(self, calls: list[Propose]) -> list[Reply]:
+        """Every request's causal proposal in one batched forward; the drafter keeps each request's exact KV
+        (committed tokens physically first, with their logical positions)."""
+
+    def propose_bidirectional(self, calls: list[ProposeBidirectional]) -> list[Reply]:
+        """Every request's bidirectional proposal, with each request's block cache kept on the host."""
+
+    def forward(self, calls: list[DrafterForward]) -> list[Reply]:
+        """Slot verification and completion forwards on the causal drafter."""
+
+
+class ARHost(Protocol):
+    def verify(self, calls: list[Verify]) -> list[Reply]:
+        """Every request's draft checked by the guider in one forward over its cached prefix."""
+
+    def forward(self, calls: list[ARForward]) -> list[Reply]:
+        """Next-token logits after each request's draft (AR decoding asks with an empty draft)."""
+
+
+class FilterHost(Protocol):
+    def accept_probs(self, calls: list[AcceptProbs]) -> list[Reply]:
+        """Each block's accept scores from its drafter family's filter; families are scored apart."""
+
+    def block_sizes(self) -> dict[str, int]:
+        """Drafter family -> the block its filter reads."""
+
+
+class KVHost(Protocol):
+    def release(self, request_ids: list[str]) -> None:
+        """Free the KV of ended requests; unknown ids are ignored."""
+
+    def held(self) -> dict[str, int]:
+        """Request id -> KV tokens cached for it now."""
+
+
+class Executor(Protocol):
+    """Runs a step's call groups on the hosts. One implementation in process, one over Ray Serve."""
+
+    placement: Placement  # the KV ledger: the scheduler reserves each request's room in it, calls are routed by it
+    roles: frozenset[str]  # models keys it serves (drafter_ar too, where the causal drafter decodes AR in process)
+    resuming: set[str]  # requests waiting for a replica after theirs was lost (always empty in process)
+
+    async def start(self) -> None:
+        """Every host ready (models loaded, deployments healthy); before the first step."""
+
+    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
+        """Each group as one batched host call, all of them at once; a failed group fails only its requests."""
+
+    def release(self, host: str, request_ids: list[str]) -> None:
+        """Free ended requests' KV on the host that holds it; nothing waits on it."""
+
+    def meta(self) -> ModelMeta:
+        """The tokenizer, mask and EOS ids and context length every role shares."""
+
+    def filter_block_size(self, family: str) -> int:
+        """The block the family's filter reads; ValueError where no such filter is served."""
