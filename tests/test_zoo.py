@@ -31,7 +31,7 @@ def test_each_model_is_small_and_has_a_card(role):
 
 
 def test_special_tokens_are_shared(zoo_engine):
-    metas = {role: zoo_engine.models.load(role).meta for role in CONFIG.models if "filter" not in role}
+    metas = {role: zoo_engine.executor.load(role).meta for role in CONFIG.models if "filter" not in role}
     assert len({(m.mask_id, m.eos_id) for m in metas.values()}) == 1
     assert zoo_engine.tokenizer.convert_ids_to_tokens(metas["drafter"].mask_id) == "<|mask|>"
 

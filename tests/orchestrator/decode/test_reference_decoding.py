@@ -54,7 +54,7 @@ def model():
 def test_engine_decodes_as_the_published_loop(shipped, model, strategy, cache, prompt, length):
     assert tasks.split_of(prompt) == "heldout"
     params, select = STRATEGIES[strategy]
-    meta = shipped.models.meta()
+    meta = shipped.executor.meta()
     prompt_ids = shipped.request(prompt, length).prompt_ids
     canvas, trajectory = ref.decode(model, prompt_ids, length, BLOCK, select, meta.mask_id, cache)
     if (prompt, length) in PAST_EOS:
