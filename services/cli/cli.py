@@ -43,8 +43,8 @@ def cmd_generate(args) -> int:
     engine = engine_from(args)
     sampling = SamplingParams(args.temperature, args.top_p, args.seed, logprobs=args.logprobs)
     req = engine.request(args.prompt, args.max_new_tokens, sampling)
-    seq = engine.add(req, args.strategy, parse_sets(args.set))
-    trace = recording(seq) if args.trace_png or args.trace_json else None
+    er = engine.add(req, args.strategy, parse_sets(args.set))
+    trace = recording(er) if args.trace_png or args.trace_json else None
     text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
     logprobs = []
     with closing(engine.outputs(req)) as events:  # closing cancels at a stop
@@ -86,12 +86,12 @@ def show(args, delta: str) -> None:
         print(delta, end="", flush=True)
 
 
-def recording(seq):
-    """Record each round of the sequence's decoding (its gate's decisions) for --trace-png / --trace-json."""
+def recording(er):
+    """Record each round of the request's decoding (its gate's decisions) for --trace-png / --trace-json."""
     from services.orchestrator.decode.trace import DecodingTrace, RecordingGate
 
-    trace = DecodingTrace(seq.strategy)
-    seq.stages.gate = RecordingGate(seq.stages.gate, trace)
+    trace = DecodingTrace(er.strategy)
+    er.stages.gate = RecordingGate(er.stages.gate, trace)
     return trace
 
 
