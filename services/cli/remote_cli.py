@@ -47,10 +47,7 @@ def generate_remote(args) -> int:
                 if isinstance(event, pb.Chunk):
                     text.append(event.text)
                     ids.extend(event.token_ids)
-                    logprobs.extend(
-                        logprob_entry(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top], lp.verified)
-                        for lp in event.logprobs
-                    )
+                    logprobs.extend(entry(lp) for lp in event.logprobs)
                     if not args.json:
                         print(event.text, end="", flush=True)
                 elif isinstance(event, pb.Complete):
@@ -77,6 +74,11 @@ def generate_remote(args) -> int:
     if args.stats:
         print(stats_line(stats_dict(done.stats)), file=sys.stderr)
     return 0
+
+
+def entry(lp) -> dict:
+    top = [(t.token_id, t.logprob) for t in lp.top]
+    return logprob_entry(lp.token_id, lp.token, lp.logprob, top, [t.token for t in lp.top], lp.verified)
 
 
 def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> Timing:
