@@ -51,7 +51,7 @@ def cmd_serve(args) -> int:
     if args.local:
         from services.cli.remote_cli import serve_local
 
-        return serve_local(args.config, serve_flags(args), args.device, args.dtype)
+        return serve_local(args.config, serve_flags(args), args.device, args.dtype, args.verbose)
     from services.cli.serve import serve_ray
 
     return serve_ray(args.config, serve_flags(args))

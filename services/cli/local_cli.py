@@ -3,6 +3,7 @@ commands that decode here, so that `dlm --help` and the gRPC client start withou
 
 import json
 import sys
+import warnings
 from contextlib import closing
 from dataclasses import asdict
 
@@ -21,11 +22,13 @@ def engine_from(args) -> Engine:
 
 
 def quiet_loading() -> None:
-    """No "Loading weights" progress bars or load-time warnings from transformers (this process is one command)."""
+    """No "Loading weights" progress bars, load-time warnings or deprecation notices from transformers (this process
+    is one command, or `dlm serve --local`)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
 
 
 def generate_local(args) -> int:

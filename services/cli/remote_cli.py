@@ -127,12 +127,15 @@ def bench_remote(args) -> int:
     return 0
 
 
-def serve_local(config_path: str, flags: dict, device: str | None = None, dtype: str | None = None) -> int:
+def serve_local(
+    config_path: str, flags: dict, device: str | None = None, dtype: str | None = None, verbose: bool = False
+) -> int:
     """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM; flags: serving keys given on the
     command line."""
     import asyncio
     import logging
 
+    from services.cli.local_cli import quiet_loading
     from services.common.config import EngineConfig
     from services.orchestrator.api.frontend import EngineBackend
     from services.orchestrator.api.grpc_server import serve
@@ -140,6 +143,8 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
     from services.orchestrator.engine.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        quiet_loading()
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
     if config.threads is None:
         # one torch thread unless the config says otherwise: idle OpenMP threads spin, and with the server's own

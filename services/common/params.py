@@ -76,7 +76,7 @@ def format_logprobs(entries: list[dict[str, Any]]) -> str:
     for e in entries:
         top = " ".join(f"{text!r}:{lp:.3f}" for text, (_, lp) in zip(e["top_tokens"], e["top"], strict=True))
         model = "guider" if e["verified"] else "drafter"
-        lines.append(f"  {e['token']!r:>8} {e['logprob']:9.4f} {model:7} {top}")
+        lines.append(f"  {e['token']!r:<10} {e['logprob']:9.4f} {model:7} {top}")
     return "\n".join(lines)
 
 
