@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/dlm generate "$(PROMPT)"
+	@$(BIN)/dlm generate "$(PROMPT)"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ ROOTS = [
     "io.k8s.api.core.v1.Namespace",
     "io.k8s.api.core.v1.ConfigMap",
     "io.k8s.api.core.v1.Secret",
+    "io.k8s.api.core.v1.PersistentVolumeClaim",
     "io.k8s.api.core.v1.Service",
     "io.k8s.api.apps.v1.Deployment",
     "io.k8s.api.networking.v1.NetworkPolicy",

@@ -1,34 +1,13 @@
-"""The `dlm` command line."""
+"""The `dlm` command line. Torch and transformers load only in the commands that decode in process
+(services/cli/local_cli.py): `dlm --help` and the gRPC client start without them."""
 
 import argparse
-import json
 import secrets
 import sys
-from contextlib import closing
-from dataclasses import asdict
 
 from services.cli.train_cli import register as register_training
-from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
-from services.common.sampling import SamplingParams
-from services.orchestrator.decode.strategies import STRATEGIES
-from services.training.tasks import FAMILIES
-
-
-def engine_from(args):
-    from services.orchestrator.engine.engine import Engine
-
-    if not args.verbose:
-        quiet_loading()
-    return Engine(EngineConfig.from_yaml(args.config, device=args.device, dtype=args.dtype))
-
-
-def quiet_loading() -> None:
-    """No "Loading weights" progress bars or load-time warnings from transformers (this process is one command)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+from services.common.config import DEFAULT_CONFIG
+from services.common.params import STRATEGY_NAMES
 
 
 def cmd_generate(args) -> int:
@@ -38,74 +17,9 @@ def cmd_generate(args) -> int:
         from services.cli.remote_cli import generate_remote
 
         return generate_remote(args)
-    from services.orchestrator.api.detok import TextStream, detokenizer
+    from services.cli.local_cli import generate_local
 
-    engine = engine_from(args)
-    sampling = SamplingParams(args.temperature, args.top_p, args.seed, logprobs=args.logprobs)
-    req = engine.request(args.prompt, args.max_new_tokens, sampling)
-    er = engine.add(req, args.strategy, parse_sets(args.set))
-    trace = recording(er) if args.trace_png or args.trace_json else None
-    text = TextStream(detokenizer(engine.tokenizer), args.stop)  # the server's stop logic
-    logprobs = []
-    with closing(engine.outputs(req)) as events:  # closing cancels at a stop
-        for event in events:
-            if args.logprobs is not None:
-                pairs = zip(event.ids, event.logprobs, strict=True)
-                logprobs += [logprob_entry(t, lp.logprob, lp.top, lp.verified) for t, lp in pairs]
-            show(args, text.push(event.ids)[0])
-            if text.stopped:
-                break
-    show(args, text.flush()[0])
-    if trace is not None:
-        write_trace(trace, args, req, engine)
-    stats = req.stats.to_dict()
-    logprobs = logprobs[: text.sent_ids]  # the tokens the text shows, up to the one that completed a stop string
-    if args.json:
-        from services.serving.wire import FINISH, FINISH_NAMES
-
-        finish_reason = FINISH_NAMES[FINISH["stop"]] if text.stopped else req.finish_reason  # as over gRPC
-        out = {
-            "text": text.text,
-            "token_ids": text.ids[: text.sent_ids],
-            "finish_reason": finish_reason,
-            "seed": args.seed,
-            "stats": {k: stats[k] for k in STATS_KEYS},
-        }
-        print(json.dumps(out | ({"logprobs": logprobs} if args.logprobs is not None else {})))
-    else:
-        print()
-        if args.logprobs is not None:
-            print(format_logprobs(logprobs))
-    if args.stats:
-        print(stats_line(stats), file=sys.stderr)
-    return 0
-
-
-def show(args, delta: str) -> None:
-    if delta and not args.json:
-        print(delta, end="", flush=True)
-
-
-def recording(er):
-    """Record each round of the request's decoding (its gate's decisions) for --trace-png / --trace-json."""
-    from services.orchestrator.decode.trace import DecodingTrace, RecordingGate
-
-    trace = DecodingTrace(er.strategy)
-    er.stages.gate = RecordingGate(er.stages.gate, trace)
-    return trace
-
-
-def write_trace(trace, args, req, engine) -> None:
-    from services.orchestrator.decode.trace import finish
-
-    finish(trace, req, engine.decode_text)
-    if args.trace_json:
-        with open(args.trace_json, "w") as f:
-            json.dump(trace.to_dict(), f)
-    if args.trace_png:
-        from services.cli.plots import draw_decoding
-
-        draw_decoding(trace, args.trace_png)
+    return generate_local(args)
 
 
 def cmd_bench(args) -> int:
@@ -117,68 +31,15 @@ def cmd_bench(args) -> int:
         from services.cli.remote_cli import bench_remote
 
         return bench_remote(args)
-    engine = engine_from(args)
-    if args.concurrency:
-        from services.cli.load import engine_level, levels, table
-        from services.common.params import BENCH_PROMPTS
+    from services.cli.local_cli import bench_local
 
-        params = parse_sets(args.set)
-        engine.generate(BENCH_PROMPTS[0], args.strategy, params, 4)  # load weights and warm up outside the timings
-        rows = [
-            engine_level(engine, c, BENCH_PROMPTS, args.strategy, params, args.max_new_tokens)
-            for c in levels(args.concurrency)
-        ]
-    else:
-        from services.cli.bench import bench, table
-
-        strategies = [s for s in args.strategies.split(",") if s]
-        for name in strategies:
-            if name not in STRATEGIES:
-                raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-        params = parse_sets(args.set)  # for every listed strategy; the baselines keep their own
-        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=dict.fromkeys(strategies, params))
-    print(table(rows))
-    if args.plot:
-        from services.cli.plots import draw_bench
-
-        draw_bench(rows, args.plot, args.strategy or engine.config.strategy)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-    return 0
+    return bench_local(args)
 
 
 def cmd_eval(args) -> int:
-    from services.training.engine_eval import evaluate, mask_accuracy
+    from services.cli.local_cli import eval_local
 
-    engine = engine_from(args)
-    if args.suite == "masked":
-        print(json.dumps({"suite": "masked", "mdm_accuracy": mask_accuracy(engine, n=args.n, seed=args.seed)}))
-        return 0
-    params = parse_sets(args.set)
-    if args.model:
-        params.setdefault(*model_param(args.strategy or engine.config.strategy, args.model))
-    families = tuple(args.families.split(",")) if args.families else FAMILIES
-    report = evaluate(engine, args.strategy, params, args.suite, args.n, args.seed, families)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for family, acc in report["accuracy"].items():
-            print(f"{family:<8} {acc:6.1%}")
-        stats = report["stats"]
-        print(
-            f"overall  {report['overall_accuracy']:6.1%}  nll {report['nll']:.3f}  TPF {stats['tpf']:.2f}  "
-            f"tokens/forward {stats['tokens_per_forward']:.2f}  p_cache {stats['p_cache']:.3f}  "
-            f"{stats['tokens_per_s']:.1f} tok/s"
-        )
-    return 0
-
-
-def model_param(strategy: str, model: str) -> tuple[str, str]:
-    """--model picks the AR model of `ar`, or the drafter family of the other strategies."""
-    if strategy == "ar":
-        return "model", model
-    return "drafter", "bidirectional" if model in ("drafter_bidirectional", "bidirectional") else "causal"
+    return eval_local(args)
 
 
 def serve_flags(args) -> dict:
@@ -190,7 +51,7 @@ def cmd_serve(args) -> int:
     if args.local:
         from services.cli.remote_cli import serve_local
 
-        return serve_local(args.config, serve_flags(args), args.device, args.dtype)
+        return serve_local(args.config, serve_flags(args), args.device, args.dtype, args.verbose)
     from services.cli.serve import serve_ray
 
     return serve_ray(args.config, serve_flags(args))
@@ -213,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="show transformers' model-loading progress")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="decode one prompt in-process")
+    gen = sub.add_parser("generate", help="decode one prompt, in process or on a server (--target)")
     gen.add_argument("prompt")
-    gen.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
+    gen.add_argument("--strategy", default=None, choices=sorted(STRATEGY_NAMES))
     gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter")
     gen.add_argument("--max-new-tokens", type=int, default=None)
     gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh random one)")
@@ -250,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests kept in flight per level, e.g. 1,4,16: a load run of --strategy, in process or on --target "
         "(default there 1,4,16)",
     )
-    ben.add_argument("--strategy", default=None, choices=sorted(STRATEGIES), help="with --concurrency or --target")
+    ben.add_argument("--strategy", default=None, choices=sorted(STRATEGY_NAMES), help="with --concurrency or --target")
     ben.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="params of --strategy or each of --strategies"
     )
@@ -258,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="held-out task accuracy, guider NLL and engine stats of a strategy")
-    ev.add_argument("--strategy", default=None, choices=sorted(STRATEGIES))
+    ev.add_argument("--strategy", default=None, choices=sorted(STRATEGY_NAMES))
     ev.add_argument("--model", default=None, help="ar: ar|guider|drafter; others: drafter|drafter_bidirectional")
     ev.add_argument(
         "--suite", default="tasks", choices=("tasks", "code", "masked"), help="masked: drafter MDM accuracy"

@@ -1,12 +1,15 @@
 """Load levels: `concurrency` requests kept in flight over the prompt set, the same row whether the requests go to
 a server over gRPC (`dlm bench --target`) or to the in-process engine (`dlm bench --concurrency` alone)."""
 
+from __future__ import annotations
+
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from services.common.sampling import SamplingParams
-from services.orchestrator.engine.engine import Engine
+if TYPE_CHECKING:  # a gRPC client of this module never imports torch
+    from services.orchestrator.engine.engine import Engine
 
 
 @dataclass(slots=True)
@@ -89,6 +92,8 @@ def engine_level(
     engine: Engine, concurrency: int, prompts: list[str], strategy: str | None, params: dict, max_new_tokens: int
 ) -> LoadRow:
     """Closed loop on the in-process engine: whenever a request ends, the next prompt takes its place."""
+    from services.common.sampling import SamplingParams
+
     queue, live, timings = list(reversed(work(prompts, concurrency))), {}, []
     start = time.perf_counter()
     while queue or live:

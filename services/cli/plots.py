@@ -1,9 +1,15 @@
 """Pictures (matplotlib, the `plots` extra): one request's decoding (`dlm generate --trace-png`) and a benchmark
 (`dlm bench --plot`)."""
 
-from services.cli.bench import BenchRow
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from services.cli.load import LoadRow
-from services.orchestrator.decode.trace import DecodingTrace
+
+if TYPE_CHECKING:  # `dlm bench --target --plot` draws without torch
+    from services.cli.bench import BenchRow
+    from services.orchestrator.decode.trace import DecodingTrace
 
 
 def pyplot():

@@ -47,10 +47,7 @@ def generate_remote(args) -> int:
                 if isinstance(event, pb.Chunk):
                     text.append(event.text)
                     ids.extend(event.token_ids)
-                    logprobs.extend(
-                        logprob_entry(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top], lp.verified)
-                        for lp in event.logprobs
-                    )
+                    logprobs.extend(entry(lp) for lp in event.logprobs)
                     if not args.json:
                         print(event.text, end="", flush=True)
                 elif isinstance(event, pb.Complete):
@@ -77,6 +74,11 @@ def generate_remote(args) -> int:
     if args.stats:
         print(stats_line(stats_dict(done.stats)), file=sys.stderr)
     return 0
+
+
+def entry(lp) -> dict:
+    top = [(t.token_id, t.logprob) for t in lp.top]
+    return logprob_entry(lp.token_id, lp.token, lp.logprob, top, [t.token for t in lp.top], lp.verified)
 
 
 def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> Timing:
@@ -125,12 +127,15 @@ def bench_remote(args) -> int:
     return 0
 
 
-def serve_local(config_path: str, flags: dict, device: str | None = None, dtype: str | None = None) -> int:
+def serve_local(
+    config_path: str, flags: dict, device: str | None = None, dtype: str | None = None, verbose: bool = False
+) -> int:
     """Serve dlm.v1.DlmService on the in-process engine until SIGINT / SIGTERM; flags: serving keys given on the
     command line."""
     import asyncio
     import logging
 
+    from services.cli.local_cli import quiet_loading
     from services.common.config import EngineConfig
     from services.orchestrator.api.frontend import Frontend
     from services.orchestrator.api.grpc_server import serve
@@ -139,6 +144,8 @@ def serve_local(config_path: str, flags: dict, device: str | None = None, dtype:
     from services.orchestrator.engine.local_executor import LocalExecutor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        quiet_loading()
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
     if config.threads is None:
         # one torch thread unless the config says otherwise: idle OpenMP threads spin, and with the server's own

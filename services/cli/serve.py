@@ -1,6 +1,8 @@
-"""`dlm serve`: a local Ray cluster, the Serve app, gRPC on HOST:PORT and the OpenAI-compatible API on
-HOST:serving.http_port until interrupted."""
+"""`dlm serve`: a local Ray cluster, the Serve app deployed from its Serve config, gRPC on HOST:PORT and the
+OpenAI-compatible API on HOST:serving.http_port, until SIGINT or SIGTERM. Every port it configures (gRPC, HTTP, Ray's
+metrics and dashboard) binds serving.host; on a loopback host Ray's own servers do too."""
 
+import ipaddress
 import os
 import signal
 import tempfile
@@ -9,41 +11,63 @@ from dataclasses import asdict
 
 import yaml
 
+# Ray's switch for a cluster of this machine alone: its node address becomes loopback, so Ray binds its servers
+# (GCS, raylet, object manager, workers, agents and the metrics exporter) to 127.0.0.1 rather than to every interface.
+LOCAL_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
 
 def serve_ray(config_path: str, flags: dict) -> int:
     """flags: serving keys given on the command line (None: keep the config's)."""
+    from services.common.config import EngineConfig
     from services.serving.ray_env import set_ray_env
 
+    config = EngineConfig.from_yaml(config_path, serving=flags)
+    serving = config.serving
     set_ray_env()  # before Ray's modules read it
+    if loopback(serving.host):
+        for key, value in LOCAL_ONLY.items():
+            os.environ.setdefault(key, value)
     import ray
     from ray import serve
 
     from services.cli.client import DlmClient
-    from services.common.config import EngineConfig
-    from services.orchestrator.cluster.app import build_app
+    from services.cli.serve_config import APP, deploy, serve_config, wait_running
 
-    config = EngineConfig.from_yaml(config_path, serving=flags)
-    host, port = config.serving.host, config.serving.port
     resolved = os.path.join(tempfile.mkdtemp(prefix="dlm-"), "dlm.yaml")
     with open(resolved, "w") as f:
         yaml.safe_dump({"engine": asdict(config)}, f)
-
-    metrics_port, http_port = config.serving.metrics_export_port, config.serving.http_port
-    # a local run keeps Ray's endpoints (Prometheus metrics included) on loopback
-    context = ray.init(logging_level="WARNING", _metrics_export_port=metrics_port, _node_ip_address="127.0.0.1")
-    serve.start(http_options={"host": host, "port": http_port})
-    serve.run(build_app({"config": resolved}), name="dlm", route_prefix="/")
-    with DlmClient(f"{host}:{port}") as client:
+    context = ray.init(
+        logging_level="WARNING",
+        dashboard_host=serving.host,
+        dashboard_port=serving.dashboard_port,
+        _metrics_export_port=serving.metrics_export_port,
+    )
+    deploy(serve_config(serving, resolved))
+    wait_running(timeout_s=600)
+    host, port = serving.host, serving.port
+    with DlmClient(f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}") as client:
         client.wait_ready(timeout=600)
+    logs = os.path.join(context.address_info["session_dir"], "logs", "serve")
     print(f"dlm.v1.DlmService serving on {host}:{port}", flush=True)
-    print(f"OpenAI-compatible API: base_url http://{host}:{http_port}/v1", flush=True)
+    print(f"OpenAI-compatible API: base_url http://{host}:{serving.http_port}/v1", flush=True)
     print(f"Ray dashboard: http://{context.dashboard_url} (token: `ray get-auth-token`)", flush=True)
-    print(f"Prometheus metrics: http://127.0.0.1:{metrics_port}/metrics", flush=True)
+    print(f"Prometheus metrics: http://{host}:{serving.metrics_export_port}/metrics", flush=True)
+    print(f"Logs: {logs} (a line per finished request in replica_dlm_orchestrator_*.log)", flush=True)
+    print("Stop with Ctrl-C or SIGTERM.", flush=True)
     stopping = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     while not stopping:
         time.sleep(0.5)
-    serve.shutdown()
+    # delete the app (its replicas drain their requests), then stop the cluster: serve.shutdown() would leave a
+    # graceful_shutdown call on the controller that ray.shutdown kills, which Ray reports as a failed task
+    serve.delete(APP)
     ray.shutdown()
     return 0

@@ -95,6 +95,7 @@ class ServingConfig:
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None  # mTLS: clients must present a certificate this CA signed
     metrics_export_port: int = 8080  # Ray's Prometheus endpoint (`dlm serve`; KubeRay's convention)
+    dashboard_port: int = 8265  # the Ray dashboard of `dlm serve` (Ray's default)
     log_level: str = "INFO"  # the orchestrator's: INFO logs one JSON line per finished request
 
     def __post_init__(self):

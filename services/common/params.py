@@ -1,7 +1,21 @@
-"""Torch-free pieces shared by the CLI, the gRPC client and the engine: KEY=VALUE parsing, typed values,
-the stats contract of `generate --json`, and the benchmark prompts."""
+"""Torch-free pieces shared by the CLI, the gRPC client and the engine: the strategy names, KEY=VALUE parsing, typed
+values, the stats contract of `generate --json`, and the benchmark prompts."""
 
 from typing import Any
+
+# the decode strategies (services/orchestrator/decode/strategies.py: STRATEGIES), for a CLI that must not import torch
+STRATEGY_NAMES = (
+    "ar",
+    "mdm",
+    "threshold",
+    "credit",
+    "hierarchical",
+    "guided",
+    "slot",
+    "streaming",
+    "learn2pd",
+    "pipeline",
+)
 
 # the `stats` object of `dlm generate --json`, in-process or over gRPC
 STATS_KEYS = (
@@ -23,7 +37,12 @@ STATS_KEYS = (
 def stats_line(stats: dict) -> str:
     """`dlm generate --stats`: one line after the text."""
     rate = stats["tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
-    return f"{stats['tokens']} tokens, {stats['rounds']} rounds, TPF {stats['tpf']:.2f}, {rate:.1f} tok/s"
+    tokens, rounds = counted(stats["tokens"], "token"), counted(stats["rounds"], "round")
+    return f"{tokens}, {rounds}, TPF {stats['tpf']:.2f}, {rate:.1f} tok/s"
+
+
+def counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # one held-out item per task family (never trained on), in the task suite's format
@@ -36,18 +55,28 @@ BENCH_PROMPTS = [
 ]
 
 
-def logprob_entry(token_id: int, logprob: float, top: list[tuple[int, float]], verified: bool) -> dict[str, Any]:
-    """One token of `generate --logprobs N --json`, in process or over gRPC."""
-    return {"token_id": token_id, "logprob": logprob, "top": [list(t) for t in top], "verified": verified}
+def logprob_entry(
+    token_id: int, token: str, logprob: float, top: list[tuple[int, float]], top_tokens: list[str], verified: bool
+) -> dict[str, Any]:
+    """One token of `generate --logprobs N --json`, in process or over gRPC: its id and text, its logprob, the top
+    alternatives as [id, logprob] with their texts in top_tokens, and whether the guider's distribution decided it."""
+    return {
+        "token_id": token_id,
+        "token": token,
+        "logprob": logprob,
+        "top": [list(t) for t in top],
+        "top_tokens": top_tokens,
+        "verified": verified,
+    }
 
 
 def format_logprobs(entries: list[dict[str, Any]]) -> str:
-    """A line per token: id, logprob, the model whose distribution decided it, the alternatives."""
+    """A line per token: its text, logprob, the model whose distribution decided it, the alternatives' texts."""
     lines = [f"logprobs (sum {sum(e['logprob'] for e in entries):.4f}):"]
     for e in entries:
-        top = " ".join(f"{t}:{lp:.3f}" for t, lp in e["top"])
+        top = " ".join(f"{text!r}:{lp:.3f}" for text, (_, lp) in zip(e["top_tokens"], e["top"], strict=True))
         model = "guider" if e["verified"] else "drafter"
-        lines.append(f"  {e['token_id']:>6} {e['logprob']:9.4f} {model:7} {top}")
+        lines.append(f"  {e['token']!r:<10} {e['logprob']:9.4f} {model:7} {top}")
     return "\n".join(lines)
 
 

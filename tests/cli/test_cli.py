@@ -5,7 +5,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from services.cli.cli import main
-from services.common.params import STATS_KEYS
+from services.common.params import STATS_KEYS, stats_line
 
 GUIDER = ["generate", "--strategy", "ar", "--set", "model=guider", "--json"]
 
@@ -65,6 +65,23 @@ def test_loading_is_quiet_unless_verbose_and_stats_is_one_line(tmp_path, tiny_zo
     hf_logging.enable_progress_bar()
     assert main(["--config", config, "--verbose", "generate", "--strategy", "ar", "count:"]) == 0
     assert "Loading weights" in capfd.readouterr().err
+
+
+def test_the_stats_line_counts_in_the_singular_too():
+    stats = {"tokens": 1, "rounds": 1, "tpf": 1.0, "wall_s": 0.5}
+    assert stats_line(stats) == "1 token, 1 round, TPF 1.00, 2.0 tok/s"
+
+
+def test_logprobs_print_token_texts(tmp_path, tiny_zoo, capsys):
+    config = write_config(tmp_path, tiny_zoo)
+    assert main(["--config", config, *GUIDER, "--logprobs", "2", "count:"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tok = AutoTokenizer.from_pretrained(tiny_zoo["guider"])
+    assert [e["token"] for e in out["logprobs"]] == [tok.decode([t]) for t in out["token_ids"]]
+    assert all(e["top_tokens"] == [tok.decode([t]) for t, _ in e["top"]] for e in out["logprobs"])
+    assert main(["--config", config, *GUIDER[:-1], "--logprobs", "2", "count:"]) == 0
+    text, heading, *rows = capsys.readouterr().out.splitlines()
+    assert heading.startswith("logprobs") and rows[0].split()[0] == repr(out["logprobs"][0]["token"]).split()[0]
 
 
 def test_generate_bad_parameter_exits_2(tmp_path, tiny_zoo, capsys):

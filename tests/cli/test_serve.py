@@ -1,12 +1,16 @@
-"""`dlm serve` starts its Ray cluster in the environment the served tests and the measurements ran with."""
+"""`dlm serve` starts its Ray cluster in the environment the served tests and the measurements ran with, on loopback
+for a loopback host, and deploys the Serve config `serve deploy` takes (served: tests/test_readme_served.py)."""
 
 import os
 
 import pytest
 import ray
 import yaml
+from ray.serve.schema import ServeDeploySchema
 
-from services.cli.serve import serve_ray
+from services.cli.serve import LOCAL_ONLY, serve_ray
+from services.cli.serve_config import SERVE_CONFIG, serve_config
+from services.common.config import ServingConfig
 from services.serving.ray_env import RAY_ENV
 
 
@@ -14,19 +18,32 @@ class Started(Exception):
     pass
 
 
-def test_dlm_serve_gives_ray_the_serving_environment(tmp_path, tiny_zoo, monkeypatch):
+@pytest.mark.parametrize("host, local_only", [("127.0.0.1", True), ("0.0.0.0", False)])
+def test_dlm_serve_gives_ray_the_serving_environment(tmp_path, tiny_zoo, monkeypatch, host, local_only):
     config = tmp_path / "dlm.yaml"
-    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo}}))
-    for key in RAY_ENV:  # unset here, restored afterwards
+    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "serving": {"host": host}}}))
+    for key in {**RAY_ENV, **LOCAL_ONLY}:  # unset here, restored afterwards
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     seen = {}
 
-    def init(**_):
-        seen.update({key: os.environ.get(key) for key in RAY_ENV})
-        raise Started  # no cluster: what matters is the environment at this call
+    def init(**kwargs):
+        seen.update({key: os.environ.get(key) for key in {**RAY_ENV, **LOCAL_ONLY}}, kwargs=kwargs)
+        raise Started  # no cluster: what matters is the environment and the arguments at this call
 
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(Started):
         serve_ray(str(config), {})
-    assert seen == RAY_ENV
+    kwargs = seen.pop("kwargs")
+    assert seen == {**RAY_ENV, **dict.fromkeys(LOCAL_ONLY)} | (LOCAL_ONLY if local_only else {})
+    assert (kwargs["dashboard_host"], kwargs["dashboard_port"], kwargs["_metrics_export_port"]) == (host, 8265, 8080)
+
+
+def test_the_deployed_config_is_configs_serve_yaml_on_the_serving_host():
+    serving = ServingConfig(host="127.0.0.2", http_port=8001)
+    deployed = serve_config(serving, "/tmp/dlm.yaml")
+    shipped = yaml.safe_load(open(SERVE_CONFIG).read())
+    ServeDeploySchema.model_validate(deployed)
+    assert deployed["http_options"] == {"host": "127.0.0.2", "port": 8001}
+    [app], [shipped_app] = deployed["applications"], shipped["applications"]
+    assert app == {**shipped_app, "args": {"config": "/tmp/dlm.yaml"}}

@@ -29,6 +29,8 @@ INJECTIONS = {
     "redis deployment pod": (("Deployment", "dlm-redis"), lambda d: d["spec"]["template"]["spec"]),
     "networkpolicy spec": (("NetworkPolicy", "dlm-ray"), lambda d: d["spec"]),
     "pdb spec": (("PodDisruptionBudget", "dlm-ray-head"), lambda d: d["spec"]),
+    "redis volume claim": (("PersistentVolumeClaim", "dlm-redis-data"), lambda d: d["spec"]),
+    "podmonitor endpoint": (("PodMonitor", "dlm-ray"), lambda d: d["spec"]["podMetricsEndpoints"][0]),
 }
 
 

@@ -78,13 +78,22 @@ class DlmServicer(rpc.DlmServiceServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
+    def token_logprob(self, token_id: int, lp: TokenLogprob):
+        """A token's logprob message, with the texts of the token and its alternatives (clients hold no tokenizer)."""
+        text = self.backend.engine.tokenizer.decode
+        top = [pb.TopLogprob(token_id=t, logprob=v, token=text([t])) for t, v in lp.top]
+        token = text([token_id])
+        return pb.TokenLogprob(token_id=token_id, logprob=lp.logprob, top=top, verified=lp.verified, token=token)
+
     async def run(self, job: Job, request, context) -> AsyncIterator:
         """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
         deltas = Deltas(job, self.backend.detokenizer(), list(request.stop), frozenset(request.stop_token_ids))
         try:
             async for delta in deltas:
                 if delta.text or delta.ids:
-                    yield chunk(delta.text, delta.ids, delta.sent, delta.rounds, delta.logprobs)
+                    pairs = zip(delta.ids, delta.logprobs, strict=True) if delta.logprobs else ()
+                    logprobs = [self.token_logprob(t, lp) for t, lp in pairs]
+                    yield chunk(delta.text, delta.ids, delta.sent, delta.rounds, logprobs)
                 if delta.spans:
                     spans = [pb.Span(offset=offset, token_ids=ids) for offset, ids in delta.spans]
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
@@ -165,15 +174,9 @@ class DlmServicer(rpc.DlmServiceServicer):
         )
 
 
-def chunk(text: str, ids: list[int], sent: int, rounds: int, logprobs: list[TokenLogprob]):
-    logprobs = [token_logprob(t, lp) for t, lp in zip(ids, logprobs, strict=True)] if logprobs else []
+def chunk(text: str, ids: list[int], sent: int, rounds: int, logprobs: list):
     message = pb.Chunk(text=text, token_ids=ids, completion_tokens=sent, rounds=rounds, logprobs=logprobs)
     return pb.GenerateStreamResponse(chunk=message)
-
-
-def token_logprob(token_id: int, lp: TokenLogprob):
-    top = [pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top]
-    return pb.TokenLogprob(token_id=token_id, logprob=lp.logprob, top=top, verified=lp.verified)
 
 
 class Server:

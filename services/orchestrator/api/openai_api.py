@@ -4,6 +4,7 @@ GET /v1/models and /health. Bad input is a 400 in OpenAI's error shape naming th
 
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from uuid import uuid4
 
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from services.common.config import LimitExceeded, Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
+from services.orchestrator.api.body_errors import invalid_body as body_error
 from services.orchestrator.api.deltas import Delta, Deltas
 from services.orchestrator.api.frontend import Frontend, Job, Spec
 from services.orchestrator.api.openai_protocol import (
@@ -29,6 +31,7 @@ from services.orchestrator.decode.strategies import STRATEGIES, make_params
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # others (cancelled, deadline) keep their names
+log = logging.getLogger(__name__)
 
 api = FastAPI(title="dlm-pipeline", description="OpenAI-compatible API of the dlm-pipeline server")
 
@@ -72,10 +75,7 @@ async def api_error(request: Request, e: APIError) -> JSONResponse:
 
 @api.exception_handler(RequestValidationError)
 async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-    first = e.errors()[0]
-    param = ".".join(str(part) for part in first["loc"] if part != "body") or None
-    message = f"{param}: {first['msg']}" if param else first["msg"]
-    return JSONResponse(error(message, "invalid_request_error", param), status_code=400)
+    return JSONResponse(body_error(e.errors(), e.body), status_code=400)
 
 
 def ready_backend() -> Frontend:
@@ -139,6 +139,9 @@ async def open_job(
     """Check what the engine does not know about, then queue the request; every refusal is an APIError."""
     if body.model != MODEL_ID:
         raise APIError(404, f"model {body.model!r} does not exist; GET /v1/models lists {MODEL_ID!r}", "model")
+    request_id = f"{prefix}-{uuid4().hex}"
+    if body.model_extra:  # as vLLM: a client's fields for other servers do not fail the request
+        log.warning("%s: ignored unknown fields %s", request_id, sorted(body.model_extra))
     try:
         limits.check(max_tokens, body.stops(), top_n, max_tokens_field="max_tokens")
     except LimitExceeded as e:
@@ -152,7 +155,7 @@ async def open_job(
         sampling = SamplingParams(body.temperature, body.top_p, seed, body.top_k, top_n)
     except ValueError as e:
         raise APIError(400, str(e), "dlm_params" if body.dlm_params else None) from None
-    spec = Spec(prompt, max_tokens, strategy, body.dlm_params, sampling, f"{prefix}-{uuid4().hex}")
+    spec = Spec(prompt, max_tokens, strategy, body.dlm_params, sampling, request_id)
     try:
         return await backend.open(spec)
     except ResourceExhausted as e:

@@ -14,9 +14,9 @@ class StreamOptions(BaseModel):
 
 
 class GenerationRequest(BaseModel):
-    """Fields both endpoints take; unknown fields are ignored, as OpenAI-compatible servers do."""
+    """Fields both endpoints take; unknown ones are kept in model_extra, and ignored with a warning as vLLM does."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: int | None = Field(None, gt=0)

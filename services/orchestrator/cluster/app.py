@@ -23,6 +23,7 @@ from services.orchestrator.api.openai_api import api, attach
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.metrics import ServeMetrics
 from services.orchestrator.cluster.remote_executor import RemoteExecutor
+from services.orchestrator.cluster.serve_logs import to_serve_log
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.telemetry import Telemetry
 from services.serving.indexes import make_index
@@ -37,6 +38,7 @@ HEALTH_TIMEOUT_S = 10.0  # under Serve's default health_check_timeout_s (30)
 class Orchestrator:
     async def __init__(self, config: dict, **handles: DeploymentHandle):
         cfg = EngineConfig(**config)
+        to_serve_log(cfg.serving.log_level)
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
         self.hosts = RemoteExecutor(cfg, handles)

@@ -57,7 +57,7 @@ class Commit:
         req.stats.on_commit(len(ids))
         if self.done(req, frontier, end):
             req.finish_reason = "eos" if req.first_eos is not None else "length"
-        req.stats.tokens = len(req.output_ids())
+        req.stats.tokens = sent  # every token id streamed, the EOS included: the count of usage.completion_tokens
         logprobs = [req.logprobs[p] for p in range(sent - len(ids), sent)] if req.logprobs else []
         return Committed(ids, spans, req.finish_reason, logprobs)
 
