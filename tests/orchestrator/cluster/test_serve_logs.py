@@ -1,5 +1,5 @@
 """The orchestrator's loggers write into the replica's Serve log, at once although Serve buffers; the served check is
-tests/cli/test_serve_e2e.py."""
+tests/test_readme_served.py."""
 
 import logging
 import logging.handlers
