@@ -15,7 +15,7 @@ from services.common.config import EngineConfig
 from services.common.models import load_model
 from services.orchestrator.engine.engine import Engine
 from services.training import tasks
-from tests.orchestrator import reference_decoding as ref
+from tests.orchestrator.decode import reference_decoding as ref
 
 pytestmark = pytest.mark.slow  # loads the shipped drafter
 
