@@ -97,7 +97,7 @@ class ARParams:
     def build(self, catalog: Catalog) -> Stages:
         role = "drafter_ar" if self.model == "drafter" else self.model
         need(catalog, role)
-        return Stages(ARPropose(role), AcceptAll(), Commit("window", 1), roles=(role,))
+        return Stages(ARPropose(role), AcceptAll(), Commit("frontier", 1), roles=(role,))
 
 
 @dataclass(slots=True)
@@ -302,7 +302,7 @@ class PipelineParams:
         check_filter_block(catalog, "causal", "window", self.window)
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
         verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
-        return Stages(CausalPropose(), gate, Commit("window", self.window), verify, ("drafter", "guider"))
+        return Stages(CausalPropose(), gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {
