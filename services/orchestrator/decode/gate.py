@@ -7,6 +7,7 @@ import torch
 
 from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, token_logprobs
 from services.common.request import Request
+from services.common.sampling import choose
 
 
 def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decision:
@@ -73,7 +74,8 @@ class Threshold:
 
 
 class Credit:
-    """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C); threshold."""
+    """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C), from which the
+    request's sampling (argmax when greedy) chooses; threshold on the chosen token's fused probability."""
 
     def __init__(self, threshold: float, beta: float, gamma: float, alpha: float, decay: float | None = None):
         self.threshold, self.beta, self.gamma, self.alpha = Schedule(threshold, decay), beta, gamma, alpha
@@ -86,8 +88,10 @@ class Credit:
         top_p, top = probs.max(-1)
         credit[rows] *= self.beta
         credit[rows, top] += top_p**self.gamma
-        fused = torch.softmax(proposal.logits + self.alpha * torch.log1p(credit[rows]), -1)
-        conf, ids = fused.max(-1)
+        fused_logits = proposal.logits + self.alpha * torch.log1p(credit[rows])
+        fused = torch.softmax(fused_logits, -1)
+        ids = choose(fused_logits, req.sampling, req.generator)  # B.2 replaces the distribution, not the sampling
+        conf = fused.gather(-1, ids[:, None]).squeeze(-1)
         fused_proposal = Proposal(proposal.positions, ids, conf, proposal.entropy, proposal.logits)
         if proposal.logprobs is not None:  # the fused distribution decided
             n = proposal.logprobs.top_ids.shape[-1]

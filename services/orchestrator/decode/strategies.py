@@ -170,6 +170,7 @@ class ThresholdParams(BlockParams):
 
 @dataclass(slots=True)
 class CreditParams(BlockParams):
+    block_size: int = 64  # 001 §4.1: "a block size of 64 for all experiments"
     smoothing: bool = True
     threshold: float = 0.9
     beta: float = 0.7

@@ -7,6 +7,7 @@ import torch
 
 from services.common.proposal import Proposal, Region, Verdict
 from services.common.request import Request
+from services.common.sampling import SamplingParams
 from services.orchestrator.decode.gate import (
     AcceptAll,
     Credit,
@@ -220,6 +221,23 @@ def test_credit_accumulates_within_a_block_and_resets_in_the_next():
     assert decide(0) == [0]  # nothing clears: the fallback
     assert decide(0) == [0, 1]
     assert decide(4) == [4]
+
+
+def test_credit_samples_from_the_fused_distribution_when_not_greedy():
+    """001 B.2 "does not change the underlying sampling ... but simply replaces the original distribution": at
+    temperature T the tokens are drawn from softmax((z + alpha log(1 + C)) / T), with the request's generator."""
+    logits = torch.tensor([[1.0, 0.8, 0.6, 0.4, 0.2]] * 4)
+    differs = False
+    for seed in range(8):
+        req = Request("r", [5, 6, 7], 8, MASK, EOS, SamplingParams(temperature=0.7, seed=seed))
+        prop = Proposal(torch.arange(4), logits.argmax(-1), torch.full((4,), 0.3), torch.zeros(4), logits)
+        decision = Credit(0.0, 0.7, 0.5, 1.0)(req, Region(0, 8), prop, None)
+        fused = torch.stack([CreditReference(5, 0.7, 0.5, 1.0).fused(p, z) for p, z in enumerate(logits)])
+        generator = torch.Generator().manual_seed(seed)
+        sampled = torch.multinomial(torch.softmax(fused.log() / 0.7, -1), 1, generator=generator).squeeze(-1)
+        assert decision.ids.tolist() == sampled.tolist()
+        differs |= sampled.tolist() != fused.argmax(-1).tolist()
+    assert differs  # the test would see an argmax
 
 
 # ---------------------------------------------------------------- hierarchical (001 B.1)

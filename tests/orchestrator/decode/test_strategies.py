@@ -2,6 +2,7 @@
 
 import pytest
 
+from services.common.proposal import Region
 from services.common.sampling import SamplingParams
 from services.orchestrator.decode.strategies import STRATEGIES
 
@@ -32,6 +33,13 @@ def test_strategy_runs_and_keeps_invariants(engine, strategy, params):
     stats = req.stats.to_dict()
     assert stats["tokens"] == len(ids) and stats["rounds"] == len(events)
     assert 0 < stats["p_cache"] <= 1 and stats["tpf"] > 0
+
+
+def test_credit_decodes_in_blocks_of_64(engine):
+    """001 §4.1: "a block size of 64 for all experiments"."""
+    req = engine.request(PROMPTS[0], max_new_tokens=100)
+    assert engine.add(req, "credit").stages.commit.region(req) == Region(0, 64)
+    engine.cancel([req])
 
 
 def test_every_named_strategy_is_covered():
