@@ -233,6 +233,11 @@ class GuidedParams(BlockParams):
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
 
+    def committer(self) -> Commit:
+        """block_size is 003 Table 11's speculation block: the guider verifies that many drafts from the frontier, so
+        acceptance crosses block ends (the drafter drafts every masked token; C.1: block_length "is not used")."""
+        return Commit("frontier", self.block_size)
+
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "guider")
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, bonus_token=False)

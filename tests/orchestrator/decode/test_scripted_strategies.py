@@ -178,6 +178,16 @@ def test_guided_accepts_exactly_the_agreeing_drafts(k):
     assert req.stats.accepted[0] == max(k, 1)  # with no agreement, the guider's own token
 
 
+def test_guided_acceptance_crosses_block_ends():
+    """block_size is 003 Table 11's speculation block: the guider checks that many drafts from the frontier. Blocks of
+    8 would stop the third round at position 8 (1 token, then 8)."""
+    drafts = GUIDER[:6] + [2] + GUIDER[7:]
+    guider = ScriptedLM(confident(GUIDER), len(PROMPT))
+    engine, _ = drafter_engine(confident(drafts), "bidirectional", guider=guider)
+    req = run(engine, "guided", {"block_size": 8})
+    assert req.stats.accepted == [6, 1, 8, 1]
+
+
 @pytest.mark.parametrize("k", [0, 2, 5])
 def test_pipeline_accepts_the_agreeing_drafts_and_the_bonus_token(k):
     drafts = GUIDER[:k] + [2] * (16 - k)
