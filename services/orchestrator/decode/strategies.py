@@ -4,8 +4,9 @@ ar: baseline AR. mdm: LLaDA low-confidence remasking (004 §3.1.1). threshold: F
 credit: 001 B.2 (beta, gamma, alpha are ours: 001 fixes only their ranges). hierarchical: 001 B.1, App. D.
 guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, window
 and distance penalty from §6.2's main setting, entropy threshold from §6.4's recommended range. learn2pd: 004
-Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding and the Learn2PD filter keeping
-drafts as context.
+Alg. 2-3. pipeline: the product, the causal drafter's drafts from the frontier, with guider agreement and the Learn2PD
+filter deciding how many to accept. guided and pipeline follow the drafter (003 Alg. 1) or, with follow=guider, the
+guider (speculative decoding, lossless against its greedy decode).
 """
 
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from services.dlm_drafter.bidirectional import CACHE_MODES, Smoothing, Vicinity
 from services.filter.host import ROLES as FILTER_ROLES
 from services.orchestrator.decode.commit import Commit
 from services.orchestrator.decode.gate import (
+    FOLLOW,
     AcceptAll,
     Credit,
     EntropyWindow,
@@ -225,13 +227,15 @@ class Learn2PDParams(BlockParams):
 @dataclass(slots=True)
 class GuidedParams(BlockParams):
     cache: str = "freecache"
-    top_k_match: int = 1  # 003 Table 7's lossless setting; Table 11 uses 2, which accepts wrong digits on the tasks
+    top_k_match: int = 1  # 003 Table 7's setting; Table 11 uses 2, which accepts wrong digits on the tasks
     guidance_threshold: float = 0.5
+    follow: str = "drafter"  # whose tokens the output is (gate.py, GuiderAgreement): 003 Alg. 1's drafter, or guider
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
+        check_choice("follow", self.follow, FOLLOW)
 
     def committer(self) -> Commit:
         """block_size is 003 Table 11's speculation block: the guider verifies that many drafts from the frontier, so
@@ -240,7 +244,7 @@ class GuidedParams(BlockParams):
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "guider")
-        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, bonus_token=False)
+        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, False, follow=self.follow)
         return self.stages(catalog, gate, GuiderVerify(self.top_k_match), "guider")
 
 
@@ -292,21 +296,25 @@ class StreamingParams:
 @dataclass(slots=True)
 class PipelineParams:
     window: int = 16
-    top_k_match: int = 1  # lossless against the guider; 2 trades accuracy for acceptance (003 Table 11)
+    top_k_match: int = 1  # 2 trades accuracy for acceptance (003 Table 11)
     guidance_threshold: float = 0.5
-    bonus_token: bool = True
+    bonus_token: bool = True  # follow=guider: the guider's token at the first disagreement
     filter_threshold: float = 0.96
+    follow: str = "drafter"
 
     def __post_init__(self):
         check_positive("window", self.window)
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
         check_prob("filter_threshold", self.filter_threshold)
+        check_choice("follow", self.follow, FOLLOW)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
         check_filter_block(catalog, "causal", "window", self.window)
-        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
+        gate = GuiderAgreement(
+            self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold, self.follow
+        )
         verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
         return Stages(CausalPropose(), gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
 

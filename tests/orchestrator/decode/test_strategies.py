@@ -50,7 +50,8 @@ def test_every_named_strategy_is_covered():
 @pytest.mark.parametrize("drafter", ["causal", "bidirectional"])
 def test_guided_top1_is_lossless_against_guider(engine, prompt, drafter):
     reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
-    guided = engine.generate(prompt, "guided", {"top_k_match": 1, "drafter": drafter}, max_new_tokens=24)
+    params = {"top_k_match": 1, "drafter": drafter, "follow": "guider"}
+    guided = engine.generate(prompt, "guided", params, max_new_tokens=24)
     assert guided.token_ids == reference.token_ids
     assert guided.finish_reason == reference.finish_reason
 
@@ -58,7 +59,7 @@ def test_guided_top1_is_lossless_against_guider(engine, prompt, drafter):
 def test_pipeline_top1_is_lossless_against_guider(engine):
     for prompt in PROMPTS:
         reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
-        piped = engine.generate(prompt, "pipeline", {"top_k_match": 1, "window": 8}, max_new_tokens=24)
+        piped = engine.generate(prompt, "pipeline", {"top_k_match": 1, "window": 8, "follow": "guider"}, 24)
         assert piped.token_ids == reference.token_ids
 
 
@@ -134,7 +135,8 @@ def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt
     reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
     ids = reference.token_ids + [0] * 24
     req = engine.request(prompt, max_new_tokens=24)
-    engine.add(req, "guided", {"top_k_match": 1, "block_size": 8}).stages.propose = OracleDrafter(ids).propose
+    params = {"top_k_match": 1, "block_size": 8, "follow": "guider"}
+    engine.add(req, "guided", params).stages.propose = OracleDrafter(ids).propose
     list(engine.events(req))
     assert req.output_ids() == reference.token_ids
     assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)
