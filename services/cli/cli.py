@@ -149,7 +149,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from services.training.engine_eval import evaluate, mask_accuracy
+    from services.training.engine_eval import baselines, evaluate, mask_accuracy
 
     engine = engine_from(args)
     if args.suite == "masked":
@@ -160,6 +160,12 @@ def cmd_eval(args) -> int:
         params.setdefault(*model_param(args.strategy or engine.config.strategy, args.model))
     families = tuple(args.families.split(",")) if args.families else FAMILIES
     report = evaluate(engine, args.strategy, params, args.suite, args.n, args.seed, families)
+    if args.baselines:
+        against = baselines(report["strategy"], {**engine.config.strategies.get(report["strategy"], {}), **params})
+        report["baselines"] = {
+            name: evaluate(engine, strategy, p, args.suite, args.n, args.seed, families)
+            for name, (strategy, p) in against.items()
+        }
     if args.json:
         print(json.dumps(report))
     else:
@@ -171,6 +177,12 @@ def cmd_eval(args) -> int:
             f"tokens/forward {stats['tokens_per_forward']:.2f}  p_cache {stats['p_cache']:.3f}  "
             f"{stats['tokens_per_s']:.1f} tok/s"
         )
+        for name, base in report.get("baselines", {}).items():
+            accuracy, speed = base["overall_accuracy"], base["stats"]["tokens_per_s"]
+            print(
+                f"vs {name:<10} {accuracy:6.1%} ({report['overall_accuracy'] - accuracy:+.1%})  "
+                f"{speed:.1f} tok/s ({stats['tokens_per_s'] / speed:.2f}x)"
+            )
     return 0
 
 
@@ -267,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--n", type=int, default=20, help="held-out items per family")
     ev.add_argument("--families", default=None, help="comma-separated subset of count,copy,reverse,sort,add,code")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also the decodes it is weighed against: follow=guider the guider alone; else the drafter's own and ar",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
 
