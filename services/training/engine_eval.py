@@ -36,16 +36,17 @@ def items(suite: str, n: int, seed: int, families: tuple[str, ...]) -> list[tupl
 
 def baselines(strategy: str, params: dict | None = None) -> dict[str, tuple[str, dict]]:
     """name -> (strategy, params). A strategy following the guider is weighed against the guider alone. The others
-    output their drafter's tokens: against the drafter's own decoding (the causal drafter left to right, one token
-    per forward, KV-cached; the bidirectional one's mdm and threshold) and ar-base, the same-size AR model (FlashDLM
-    Table 4's comparison)."""
+    output their drafter's tokens: against the drafter's own decoding and ar-base, the same-size AR model (FlashDLM
+    Table 4's comparison). The causal drafter decodes left to right, one token per forward, in two ways: from a
+    clean token's output (ar model=drafter, its AR head) and from a mask's (streaming window=1, what 003 Alg. 1
+    reduces to where nothing agrees); the bidirectional one with mdm and threshold."""
     chosen = make_params(strategy, params)
     if getattr(chosen, "follow", None) == "guider":
         return {"ar-guider": ("ar", {"model": "guider"})}
     if strategy == "ar":
         return {}
     if getattr(chosen, "drafter", "causal") == "causal":
-        own = {"ar-drafter": ("ar", {"model": "drafter"})}
+        own = {"ar-drafter": ("ar", {"model": "drafter"}), "mask-drafter": ("streaming", {"window": 1})}
     else:
         own = {"mdm": ("mdm", {}), "threshold": ("threshold", {})}
     return own | {"ar-base": ("ar", {})}

@@ -106,7 +106,7 @@ def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
     "sets,expected",
     [
         ([], ["mdm", "threshold", "ar-base"]),  # guided drafts with the bidirectional drafter by default
-        (["drafter=causal"], ["ar-drafter", "ar-base"]),
+        (["drafter=causal"], ["ar-drafter", "mask-drafter", "ar-base"]),
         (["follow=guider"], ["ar-guider"]),
     ],
 )
