@@ -45,5 +45,6 @@ def test_every_strategy_decodes_on_the_zoo(zoo_engine, strategy):
 def test_guided_top1_is_lossless_on_the_zoo(zoo_engine):
     for prompt in ("sort: 42 7 19 88 3:", "copy: red blue green red yellow blue:"):
         reference = zoo_engine.generate(prompt, "ar", {"model": "guider"})
-        assert zoo_engine.generate(prompt, "guided", {"top_k_match": 1}).token_ids == reference.token_ids
-        assert zoo_engine.generate(prompt, "pipeline", {"top_k_match": 1}).token_ids == reference.token_ids
+        speculative = {"top_k_match": 1, "follow": "guider"}
+        assert zoo_engine.generate(prompt, "guided", speculative).token_ids == reference.token_ids
+        assert zoo_engine.generate(prompt, "pipeline", speculative).token_ids == reference.token_ids

@@ -1,6 +1,7 @@
-"""`dlm bench`: every strategy and the baselines on the same prompts in one process. Baselines: `ar` (the same-size
-AR model), `ar-guider` (the guider alone, whose output `guided` and `pipeline` reproduce: the speedup a user weighs)
-and `mdm`."""
+"""`dlm bench`: every strategy and the baselines on the same prompts in one process. Baselines: `ar` (ar-base, the
+same-size AR model: FlashDLM Table 4's comparison), `ar-drafter` (the causal drafter's own decode, left to right and
+KV-cached: what `guided` and `pipeline` weigh against with follow=drafter, their default), `ar-guider` (the guider
+alone, whose output they reproduce with follow=guider) and `mdm` (the bidirectional drafter's own decode)."""
 
 import time
 from dataclasses import dataclass
@@ -10,7 +11,13 @@ from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 
 # bench row name -> (strategy, params)
-BASELINES = {"ar": ("ar", {}), "ar-guider": ("ar", {"model": "guider"}), "mdm": ("mdm", {})}
+BASELINES = {
+    "ar": ("ar", {}),
+    "ar-drafter": ("ar", {"model": "drafter"}),
+    "ar-guider": ("ar", {"model": "guider"}),
+    "mdm": ("mdm", {}),
+}
+OPTIONAL = {"ar-drafter": "drafter", "ar-guider": "guider"}  # rows that need a configured role
 
 
 @dataclass(slots=True)
@@ -26,6 +33,7 @@ class BenchRow:
     tokens_per_forward: float = 0.0
     p_cache: float = 0.0
     speedup_vs_ar: float | None = None
+    speedup_vs_ar_drafter: float | None = None
     speedup_vs_ar_guider: float | None = None
     speedup_vs_mdm: float | None = None
     ms_per_round: float = 0.0
@@ -53,8 +61,8 @@ def run_strategy(
 
 
 def baselines(engine: Engine) -> dict[str, tuple[str, dict]]:
-    """The guider-alone row only where a guider is configured."""
-    return {k: v for k, v in BASELINES.items() if k != "ar-guider" or "guider" in engine.config.models}
+    """The drafter-alone and guider-alone rows only where that model is configured."""
+    return {k: v for k, v in BASELINES.items() if k not in OPTIONAL or OPTIONAL[k] in engine.config.models}
 
 
 def bench(
@@ -72,22 +80,24 @@ def bench(
     for row in rows:
         row.speedup_vs_ar = row.tokens_per_s / base["ar"]
         row.speedup_vs_mdm = row.tokens_per_s / base["mdm"]
+        if "ar-drafter" in base:
+            row.speedup_vs_ar_drafter = row.tokens_per_s / base["ar-drafter"]
         if "ar-guider" in base:
             row.speedup_vs_ar_guider = row.tokens_per_s / base["ar-guider"]
     return rows
 
 
 def speedup(value: float | None) -> str:
-    return f"{value:>8.2f}x" if value is not None else f"{'-':>9}"
+    return f"{value:>9.2f}x" if value is not None else f"{'-':>10}"
 
 
 def table(rows: list[BenchRow]) -> str:
-    names = ("tok/s", "TPF", "tok/fwd", "p_cache", "vs ar", "vs guider", "vs mdm", "ms/rnd", "tokens")
-    lines = [f"{'strategy':<13} " + " ".join(f"{n:>9}" for n in names)]
+    names = ("tok/s", "TPF", "tok/fwd", "p_cache", "vs ar", "vs drafter", "vs guider", "vs mdm", "ms/rnd", "tokens")
+    lines = [f"{'strategy':<13} " + " ".join(f"{n:>10}" for n in names)]
     for r in rows:
         lines.append(
-            f"{r.strategy:<13} {r.tokens_per_s:>9.1f} {r.tpf:>9.2f} {r.tokens_per_forward:>9.2f} {r.p_cache:>9.3f} "
-            f"{speedup(r.speedup_vs_ar)} {speedup(r.speedup_vs_ar_guider)} {speedup(r.speedup_vs_mdm)} "
-            f"{r.ms_per_round:>9.1f} {r.tokens:>9}"
+            f"{r.strategy:<13} {r.tokens_per_s:>10.1f} {r.tpf:>10.2f} {r.tokens_per_forward:>10.2f} {r.p_cache:>10.3f} "
+            f"{speedup(r.speedup_vs_ar)} {speedup(r.speedup_vs_ar_drafter)} {speedup(r.speedup_vs_ar_guider)} "
+            f"{speedup(r.speedup_vs_mdm)} {r.ms_per_round:>10.1f} {r.tokens:>10}"
         )
     return "\n".join(lines)

@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--n", type=int, default=20, help="held-out items per family")
     ev.add_argument("--families", default=None, help="comma-separated subset of count,copy,reverse,sort,add,code")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also the decodes it is weighed against: follow=guider the guider alone; else the drafter's own and ar",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
 

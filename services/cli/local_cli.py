@@ -140,7 +140,7 @@ def bench_local(args) -> int:
 
 
 def eval_local(args) -> int:
-    from services.training.engine_eval import evaluate, mask_accuracy
+    from services.training.engine_eval import baselines, evaluate, mask_accuracy
 
     engine = engine_from(args)
     if args.suite == "masked":
@@ -151,6 +151,12 @@ def eval_local(args) -> int:
         params.setdefault(*model_param(args.strategy or engine.config.strategy, args.model))
     families = tuple(args.families.split(",")) if args.families else FAMILIES
     report = evaluate(engine, args.strategy, params, args.suite, args.n, args.seed, families)
+    if args.baselines:
+        against = baselines(report["strategy"], {**engine.config.strategies.get(report["strategy"], {}), **params})
+        report["baselines"] = {
+            name: evaluate(engine, strategy, p, args.suite, args.n, args.seed, families)
+            for name, (strategy, p) in against.items()
+        }
     if args.json:
         print(json.dumps(report))
     else:
@@ -162,6 +168,12 @@ def eval_local(args) -> int:
             f"tokens/forward {stats['tokens_per_forward']:.2f}  p_cache {stats['p_cache']:.3f}  "
             f"{stats['tokens_per_s']:.1f} tok/s"
         )
+        for name, base in report.get("baselines", {}).items():
+            accuracy, speed = base["overall_accuracy"], base["stats"]["tokens_per_s"]
+            print(
+                f"vs {name:<10} {accuracy:6.1%} ({report['overall_accuracy'] - accuracy:+.1%})  "
+                f"{speed:.1f} tok/s ({stats['tokens_per_s'] / speed:.2f}x)"
+            )
     return 0
 
 

@@ -15,7 +15,7 @@ class SamplingParams:
     logprobs: int | None = None  # record each token's logprob and this many top alternatives; None: off
 
     def __post_init__(self):
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # NaN too
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -42,7 +42,11 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits / params.temperature, -1)
+    # From the row's maximum down, and the temperature within float32's range, so that none gives NaN: a tiny one
+    # leaves 0 at the argmax and -inf elsewhere (greedy in the limit), a huge one keeps masked -inf logits -inf.
+    shifted = logits - logits.max(-1, keepdim=True).values
+    finfo = torch.finfo(logits.dtype)
+    probs = torch.softmax(shifted / min(max(params.temperature, finfo.tiny), finfo.max), -1)
     if params.top_p < 1:
         sorted_probs, order = probs.sort(-1, descending=True)
         drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p

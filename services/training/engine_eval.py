@@ -1,5 +1,6 @@
 """`dlm eval`: exact-answer accuracy per task family on held-out items, the guider's NLL of the outputs, and the
-engine's stats, for any strategy. The `code` suite continues held-out standard-library source (open-ended)."""
+engine's stats, for any strategy. The `code` suite continues held-out standard-library source (open-ended).
+`baselines` names the decodes a strategy's accuracy and speed are weighed against."""
 
 import math
 import time
@@ -8,6 +9,7 @@ import torch
 
 from services.common.contract import DrafterForward
 from services.common.sampling import SamplingParams
+from services.orchestrator.decode.strategies import make_params
 from services.orchestrator.engine.engine import Engine
 from services.training import corpus, tasks
 
@@ -31,6 +33,24 @@ def items(suite: str, n: int, seed: int, families: tuple[str, ...]) -> list[tupl
         docs = corpus.load("heldout")[:n]
         return [("code", corpus.chunks(d.text, 400)[0], None) for d in docs]
     raise ValueError(f"suite must be tasks or code, got {suite!r}")
+
+
+def baselines(strategy: str, params: dict | None = None) -> dict[str, tuple[str, dict]]:
+    """name -> (strategy, params). A strategy following the guider is weighed against the guider alone. The others
+    output their drafter's tokens: against the drafter's own decoding and ar-base, the same-size AR model (FlashDLM
+    Table 4's comparison). The causal drafter decodes left to right, one token per forward, in two ways: from a
+    clean token's output (ar model=drafter, its AR head) and from a mask's (streaming window=1, what 003 Alg. 1
+    reduces to where nothing agrees); the bidirectional one with mdm and threshold."""
+    chosen = make_params(strategy, params)
+    if getattr(chosen, "follow", None) == "guider":
+        return {"ar-guider": ("ar", {"model": "guider"})}
+    if strategy == "ar":
+        return {}
+    if getattr(chosen, "drafter", "causal") == "causal":
+        own = {"ar-drafter": ("ar", {"model": "drafter"}), "mask-drafter": ("streaming", {"window": 1})}
+    else:
+        own = {"mdm": ("mdm", {}), "threshold": ("threshold", {})}
+    return own | {"ar-base": ("ar", {})}
 
 
 def evaluate(

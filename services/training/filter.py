@@ -1,8 +1,8 @@
 """Train a Learn2PD filter (004 §3.2, Alg. 1) on Extremely Greedy Parallel trajectories of one drafter family.
 
 Each family has its own filter, trained on its own drafter's confidences: `causal` (the pipeline's drafter) and
-`bidirectional` (learn2pd's). Reference answer: a decode of the prompt by `reference` (the bidirectional drafter's
-own `mdm`; for the causal drafter the guider's AR decode, the output the pipeline reproduces). It runs past the
+`bidirectional` (learn2pd's). Reference answer: a decode of the prompt by `reference`, each drafter's own: the
+bidirectional drafter's `mdm`, the causal drafter's AR decode (the output the pipeline follows). It runs past the
 reference's EOS to the end of that block with EOS, as an MDM's canvas is filled after its end of text (004 §3.3), so
 the filter also sees the trailing end-of-text region that EoTP reads.
 

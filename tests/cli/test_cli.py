@@ -1,6 +1,7 @@
 import json
 import re
 
+import pytest
 import yaml
 from transformers import AutoTokenizer
 
@@ -100,14 +101,14 @@ def test_bench_table_and_json(tmp_path, tiny_zoo, capsys):
         == 0
     )
     rows = json.loads(out_file.read_text())
-    assert [r["strategy"] for r in rows] == ["ar", "ar-guider", "mdm", "streaming"]
-    assert [rows[0]["speedup_vs_ar"], rows[1]["speedup_vs_ar_guider"], rows[2]["speedup_vs_mdm"]] == [1.0] * 3
-    guider_alone = rows[1]
-    assert guider_alone["model_forwards"] == guider_alone["rounds"]  # one guider forward per token
-    streaming = rows[3]
+    assert [r["strategy"] for r in rows] == ["ar", "ar-drafter", "ar-guider", "mdm", "streaming"]
+    speedups = ["speedup_vs_ar", "speedup_vs_ar_drafter", "speedup_vs_ar_guider", "speedup_vs_mdm"]
+    assert [row[key] for row, key in zip(rows, speedups, strict=False)] == [1.0] * 4
+    assert all(row["model_forwards"] == row["rounds"] for row in rows[1:3])  # one forward per token alone
+    streaming = rows[4]
     assert streaming["tokens_per_forward"] == streaming["tokens"] / streaming["model_forwards"]
     out = capsys.readouterr().out
-    assert "TPF" in out and "tok/fwd" in out and "vs guider" in out
+    assert "TPF" in out and "tok/fwd" in out and "vs drafter" in out and "vs guider" in out
 
 
 def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
@@ -116,3 +117,22 @@ def test_eval_json_contract(tmp_path, tiny_zoo, capsys):
     assert main([*args, "--families", "sort"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"accuracy", "overall_accuracy", "nll", "stats"} and set(out["accuracy"]) == {"sort"}
+
+
+@pytest.mark.parametrize(
+    "sets,expected",
+    [
+        ([], ["mdm", "threshold", "ar-base"]),  # guided drafts with the bidirectional drafter by default
+        (["drafter=causal"], ["ar-drafter", "mask-drafter", "ar-base"]),
+        (["follow=guider"], ["ar-guider"]),
+    ],
+)
+def test_eval_weighs_a_strategy_against_the_decodes_it_follows(tmp_path, tiny_zoo, capsys, sets, expected):
+    """follow=drafter (the default): the drafter's own decoding and ar-base (the same-size AR model); follow=guider:
+    the guider alone."""
+    config = write_config(tmp_path, tiny_zoo)
+    args = ["--config", config, "eval", "--strategy", "guided", "--n", "1", "--families", "sort", "--baselines"]
+    assert main([*args, *[x for s in sets for x in ("--set", s)], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["baselines"]) == expected
+    assert all(set(b) >= {"overall_accuracy", "stats"} for b in out["baselines"].values())

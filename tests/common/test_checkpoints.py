@@ -431,6 +431,7 @@ def test_qwen2_guider_is_lossless_under_guided_top1(ckpt):
     engine = Engine(EngineConfig(models=models, max_new_tokens=16))
     assert type(engine.executor.load("guider").model) is Qwen2ForCausalLM
     reference = engine.generate(PROMPT, "ar", {"model": "guider"}, max_new_tokens=16)
-    guided = engine.generate(PROMPT, "guided", {"top_k_match": 1, "drafter": "causal", "block_size": 8}, 16)
+    params = {"top_k_match": 1, "drafter": "causal", "block_size": 8, "follow": "guider"}
+    guided = engine.generate(PROMPT, "guided", params, 16)
     assert guided.token_ids == reference.token_ids and guided.finish_reason == reference.finish_reason
     assert engine.generate(PROMPT, "ar", {"model": "ar"}, max_new_tokens=16).token_ids == reference.token_ids

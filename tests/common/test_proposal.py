@@ -2,10 +2,11 @@
 
 import math
 
+import pytest
 import torch
 
 from services.common.proposal import never_mask, propose_from_logits
-from services.common.sampling import SamplingParams
+from services.common.sampling import SamplingParams, choose
 
 
 def test_never_mask_bans_the_mask_token_even_at_id_zero():
@@ -31,3 +32,14 @@ def test_sampling_uses_the_requests_generator():
     first = draw(1)
     torch.manual_seed(1)  # the global generator plays no part
     assert draw(1).equal(first) and not draw(2).equal(first)
+
+
+@pytest.mark.parametrize("temperature", [6.8e-302, 3.4028235677973366e38, 1e308])
+def test_extreme_temperatures_sample_without_nan(temperature):
+    """A tiny temperature samples the argmax; a huge one any token but those at -inf (the mask)."""
+    logits = torch.tensor([[0.0, 5.0, float("-inf"), 1.0]] * 64)
+    ids = choose(logits, SamplingParams(temperature=temperature, seed=1), torch.Generator().manual_seed(1))
+    if temperature < 1:
+        assert ids.tolist() == [1] * 64
+    else:
+        assert 2 not in ids.tolist() and len(set(ids.tolist())) == 3

@@ -59,3 +59,26 @@ def test_isolated_spans_equal_separate_forwards(tiny_zoo):
     for i, (span_ids, span_pos) in enumerate(spans):
         alone = forward(drafter, req, span_ids, span_pos)
         torch.testing.assert_close(joint[3 * i : 3 * i + 3], alone, atol=1e-4, rtol=0)
+
+
+def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
+    """A packed forward of two requests: one with commits not yet cached (pending) and two isolated spans, one plain.
+    Each span sees its request's prompt, every commit in commit order (the pending ones included) and itself, as
+    one uncached forward over that physical sequence does; the other request sees only its own."""
+    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    drafter = CausalDrafter(loaded, KVManager())
+    grouped, plain = make_request(loaded), Request("p", [6, 8, 10], 16, loaded.mask_id, loaded.eos_id)
+    forward(drafter, grouped, torch.full((2,), loaded.mask_id), torch.arange(2))  # prompts cached
+    forward(drafter, plain, torch.full((2,), loaded.mask_id), torch.arange(2))
+    for req, slot, ids in ((grouped, [4, 5, 6, 7], [60, 61, 62, 63]), (plain, [0, 1], [70, 71])):
+        req.decide(torch.tensor(slot), torch.tensor(ids))
+        req.commit(slot)  # pending: the next forward computes their KV
+    spans = [(torch.tensor([31, 40, 41]), torch.arange(0, 3)), (torch.tensor([50, 51]), torch.arange(8, 10))]
+    ids, pos = torch.cat([s[0] for s in spans]), torch.cat([s[1] for s in spans])
+    window = (torch.tensor([72, loaded.mask_id, loaded.mask_id]), torch.arange(2, 5))
+    (joint, _), (alone, _) = drafter.forward_batch(
+        [(grouped, ids, pos, torch.tensor([0, 0, 0, 1, 1])), (plain, *window, None)]
+    )
+    torch.testing.assert_close(joint[:3], uncached_logits(drafter, grouped, *spans[0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(joint[3:], uncached_logits(drafter, grouped, *spans[1]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(alone, uncached_logits(drafter, plain, *window), atol=1e-4, rtol=0)

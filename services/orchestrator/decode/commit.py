@@ -1,9 +1,12 @@
 """Commit stage: the active region of a round, and making decisions final.
 
-region  block   blocks of `size` decoded in order; the region is the block holding the frontier
-        window  the `size` positions from the frontier, refilled as the prefix grows (002 §5.2)
-order   prefix  the contiguous decided prefix enters the drafter's cache (streaming commit)
-        slot    decided slots enter the cache as they complete, ahead of earlier masks (000 §4.1)
+region  block     blocks of `size` decoded in order; the region is the block holding the frontier
+        window    WeDLM's window (002 Alg. 1): `size` slots from the first position not yet in the drafter's cache,
+                  the frontier before the last round; tokens decided but not yet cached (filled, uncommitted in
+                  Alg. 1's terms) keep their slots, and the window is refilled as the commits move its start
+        frontier  the `size` positions from the frontier: the span a verifier checks (guided, pipeline), AR's next token
+order   prefix    the contiguous decided prefix enters the drafter's cache (streaming commit)
+        slot      decided slots enter the cache as they complete, ahead of earlier masks (000 §4.1)
 eos     truncate  the first decided EOS ends the canvas: later forwards see nothing past it (000 B.1; causal decoding)
         full      every position stays in context to the canvas end (LLaDA, Fast-dLLM); the output ends at the EOS
         fill      a decided EOS decides every undecided position after it as EOS, kept in context (dInfer, 001 §3)
@@ -16,7 +19,7 @@ import torch
 from services.common.proposal import Committed, Decision, Region, TokenLogprob, TokenLogprobs
 from services.common.request import Request
 
-REGIONS = ("block", "window")
+REGIONS = ("block", "window", "frontier")
 ORDERS = ("prefix", "slot")
 EOS_POLICIES = ("truncate", "full", "fill", "eotp")
 
@@ -33,9 +36,15 @@ class Commit:
         start = req.frontier
         if self.kind == "block":
             start = start // self.size * self.size
+        elif self.kind == "window":
+            uncached = req.state.get("uncached", start)
+            if start < uncached + self.size:  # else every slot is filled: Alg. 1's next forward would only commit
+                start = uncached
         return Region(start, min(start + self.size, req.horizon))
 
     def __call__(self, req: Request, decision: Decision) -> Committed:
+        if self.kind == "window":  # committed before this round, so cached by the next forward: the window starts here
+            req.state["uncached"] = req.frontier
         req.decide(decision.positions, decision.ids)
         if decision.logprobs is not None:
             record(req, decision.positions, decision.logprobs)

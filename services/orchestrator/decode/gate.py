@@ -7,6 +7,7 @@ import torch
 
 from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, token_logprobs
 from services.common.request import Request
+from services.common.sampling import choose
 
 
 def pick(proposal: Proposal, accept: torch.Tensor, score: torch.Tensor) -> Decision:
@@ -73,7 +74,8 @@ class Threshold:
 
 
 class Credit:
-    """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C); threshold."""
+    """Credit decoding (001 B.2): C <- beta*C + p^gamma on the top token; logits + alpha*log(1 + C), from which the
+    request's sampling (argmax when greedy) chooses; threshold on the chosen token's fused probability."""
 
     def __init__(self, threshold: float, beta: float, gamma: float, alpha: float, decay: float | None = None):
         self.threshold, self.beta, self.gamma, self.alpha = Schedule(threshold, decay), beta, gamma, alpha
@@ -86,8 +88,10 @@ class Credit:
         top_p, top = probs.max(-1)
         credit[rows] *= self.beta
         credit[rows, top] += top_p**self.gamma
-        fused = torch.softmax(proposal.logits + self.alpha * torch.log1p(credit[rows]), -1)
-        conf, ids = fused.max(-1)
+        fused_logits = proposal.logits + self.alpha * torch.log1p(credit[rows])
+        fused = torch.softmax(fused_logits, -1)
+        ids = choose(fused_logits, req.sampling, req.generator)  # B.2 replaces the distribution, not the sampling
+        conf = fused.gather(-1, ids[:, None]).squeeze(-1)
         fused_proposal = Proposal(proposal.positions, ids, conf, proposal.entropy, proposal.logits)
         if proposal.logprobs is not None:  # the fused distribution decided
             n = proposal.logprobs.top_ids.shape[-1]
@@ -148,23 +152,61 @@ class FilterGate:
         return pick(proposal, verdict.filter_scores > self.threshold, verdict.filter_scores)
 
 
-class GuiderAgreement:
-    """FlashDLM guided unmasking (003 Alg. 1, C.4): the longest prefix where the draft is the guider's choice (or, with
-    top_k_match > 1, in its top-k with drafter probability > guidance_threshold * guider max probability) is decided;
-    with none, the guider's own token. bonus_token also decides the guider's token at the first disagreement.
-    With the filter's scores in the verdict, drafts past the agreement that clear keep_threshold stay as tentative
-    context for the next round."""
+FOLLOW = ("drafter", "guider")
 
-    def __init__(self, top_k_match: int, guidance_threshold: float, bonus_token: bool, keep_threshold: float = 1.0):
+
+class GuiderAgreement:
+    """FlashDLM guided unmasking (003 Alg. 1, C.4): from the frontier, the longest run of drafts the guider agrees with
+    (its choice, or with top_k_match > 1 in its top-k with drafter probability > guidance_threshold * guider max
+    probability) is decided. What the output follows:
+
+    drafter  Alg. 1: the run is unmasked with the drafter's tokens, and where nothing agrees the first masked position
+             takes the drafter's token. With the filter's scores (the pipeline), the drafts the filter keeps are
+             decided too and count as agreeing, so the filter and the guider together decide how many drafter tokens
+             are accepted.
+    guider   speculative decoding of the guider with the drafter drafting: where nothing agrees, the guider's token;
+             bonus_token also decides the guider's token at the first disagreement; the drafts past the agreement
+             that the filter keeps stay as tentative context for the next round.
+    """
+
+    def __init__(
+        self,
+        top_k_match: int,
+        guidance_threshold: float,
+        bonus_token: bool,
+        keep_threshold: float = 1.0,
+        follow: str = "drafter",
+    ):
         self.k, self.tau, self.bonus, self.keep = top_k_match, guidance_threshold, bonus_token, keep_threshold
+        self.follow = follow
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
+        at = proposal.positions - verdict.positions[0]  # [N] each proposal's index in the verified span
         drafter_probs = torch.ones(len(verdict.positions))
-        drafter_probs[proposal.positions - verdict.positions[0]] = proposal.probs
+        drafter_probs[at] = proposal.probs
         match = verdict.draft == verdict.target
         if self.k > 1:
             in_topk = (verdict.topk[:, : self.k] == verdict.draft[:, None]).any(-1)
             match |= in_topk & (drafter_probs > self.tau * verdict.target_probs)
+        if self.follow == "drafter":
+            return self.drafter_tokens(req, proposal, verdict, match, at)
+        return self.guider_tokens(proposal, verdict, match)
+
+    def drafter_tokens(
+        self, req: Request, proposal: Proposal, verdict: Verdict, match: torch.Tensor, at: torch.Tensor
+    ) -> Decision:
+        kept = torch.zeros(len(at), dtype=torch.bool)
+        if verdict.filter_scores is not None:
+            kept = verdict.filter_scores > self.keep
+        agree = match | req.decided[verdict.positions]  # tokens the filter decided in earlier rounds stand
+        agree[at[kept]] = True
+        n = int(agree.long().cumprod(0).sum())
+        accept = (at < n) | kept
+        accept[0] = True  # i_1, the first masked position: the drafter's token even where nothing agrees
+        logprobs = proposal.logprobs.take(accept) if proposal.logprobs is not None else None
+        return Decision(proposal.positions[accept], proposal.ids[accept], logprobs=logprobs)
+
+    def guider_tokens(self, proposal: Proposal, verdict: Verdict, match: torch.Tensor) -> Decision:
         n = int(match.long().cumprod(0).sum())
         ids, logprobs = verdict.draft[:n], verdict.logprobs
         if n < len(match) and (n == 0 or self.bonus):

@@ -4,8 +4,9 @@ Select round: the drafter drafts every masked slot of the block (Stage I); slots
 exceeds tau_slot are selected (else the best one); the drafter verifies the selected drafts concatenated in logical
 order (Eq. 7); the longest prefix with every probability > tau_token is kept, and if it covers whole slots, they
 are decided. Otherwise completion rounds follow (Eq. 8-9): each selected slot, isolated from the others, keeps its
-verified prefix and re-predicts the rest, until every selected slot is complete. Completed slots are committed in
-commit order, ahead of the remaining masks, with their logical position ids.
+verified prefix and re-predicts the rest, until every selected slot is complete; a slot complete early waits, still
+verified with the others, and all are committed together, in slot order, ahead of the remaining masks, with their
+logical position ids.
 
 KV (000 §4.2, C.3, Table 8): with `reuse`, the default, the verification forward that accepts a slot leaves its KV on
 the drafter, and the commit takes it as it is; `recompute` recomputes the committed slots in the next forward, after
@@ -146,7 +147,6 @@ class SlotGate:
         work: SlotWork = req.state["slots"]
         ok = (verdict.draft_probs > self.tau_token).split([len(d) for d in work.drafts])
         targets = verdict.target.split([len(d) for d in work.drafts])
-        done = []
         if not work.completing:
             prefix = int(torch.cat(ok).long().cumprod(0).sum())
             ends = torch.tensor([len(d) for d in work.drafts]).cumsum(0)
@@ -157,13 +157,17 @@ class SlotGate:
         else:
             for i, slot_ok in enumerate(ok):
                 kept = work.valid[i]  # Eq. 8: the verified prefix stays verified; only the re-predicted suffix counts
+                if kept == len(work.drafts[i]):
+                    continue  # complete: it waits for the others
                 valid = kept + int(slot_ok[kept:].long().cumprod(0).sum())
                 if valid == kept:  # no progress: take the drafter's own AR choice past the prefix
                     valid = kept + 1
                     work.drafts[i][kept] = targets[i][kept]
                 work.valid[i] = valid
-                if valid == len(work.drafts[i]):
-                    done.append(i)
+            # 000 §4.2: "This cycle repeats until all selected slots are fully decoded. Finally, the newly completed
+            # slots are moved...": a slot completed early is committed with the rest, unseen by them until then
+            complete = all(v == len(d) for v, d in zip(work.valid, work.drafts, strict=True))
+            done = list(range(len(work.starts))) if complete else []
         if not done:
             return Decision(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
         decision = Decision(
@@ -177,16 +181,5 @@ class SlotGate:
             slots.chosen = torch.where(kept, slots.chosen, verdict.target_probs.log())
             offsets = [0, *torch.tensor([len(d) for d in work.drafts]).cumsum(0).tolist()]
             decision.logprobs = TokenLogprobs.cat([slots.take(slice(offsets[i], offsets[i + 1])) for i in done])
-        keep = [i for i in range(len(work.starts)) if i not in done]
-        req.state["slots"] = (
-            None
-            if not work.completing or not keep
-            else SlotWork(
-                [work.starts[i] for i in keep],
-                [work.drafts[i] for i in keep],
-                [work.first_probs[i] for i in keep],
-                [work.valid[i] for i in keep],
-                True,
-            )
-        )
+        req.state["slots"] = None  # the select round's other slots are drafted again
         return decision

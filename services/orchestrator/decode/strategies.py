@@ -4,8 +4,9 @@ ar: baseline AR. mdm: LLaDA low-confidence remasking (004 §3.1.1). threshold: F
 credit: 001 B.2 (beta, gamma, alpha are ours: 001 fixes only their ranges). hierarchical: 001 B.1, App. D.
 guided: 003 Alg. 1, C.4, Table 11. slot: 000 §4.2, A.3, Table 5 (GSM8K row). streaming: 002 §5.2 Alg. 1, window
 and distance penalty from §6.2's main setting, entropy threshold from §6.4's recommended range. learn2pd: 004
-Alg. 2-3. pipeline: the product, streaming commit with guider agreement deciding and the Learn2PD filter keeping
-drafts as context.
+Alg. 2-3. pipeline: the product, the causal drafter's drafts from the frontier, with guider agreement and the Learn2PD
+filter deciding how many to accept. guided and pipeline follow the drafter (003 Alg. 1) or, with follow=guider, the
+guider (speculative decoding, lossless against its greedy decode).
 """
 
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
 from services.orchestrator.decode.commit import Commit
 from services.orchestrator.decode.gate import (
+    FOLLOW,
     AcceptAll,
     Credit,
     EntropyWindow,
@@ -95,7 +97,7 @@ class ARParams:
     def build(self, catalog: Catalog) -> Stages:
         role = Role.DRAFTER_AR if self.model == "drafter" else Role(self.model)
         need(catalog, role)
-        return Stages(ARPropose(role), AcceptAll(), Commit("window", 1), roles=(role,))
+        return Stages(ARPropose(role), AcceptAll(), Commit("frontier", 1), roles=(role,))
 
 
 @dataclass(slots=True)
@@ -168,6 +170,7 @@ class ThresholdParams(BlockParams):
 
 @dataclass(slots=True)
 class CreditParams(BlockParams):
+    block_size: int = 64  # 001 §4.1: "a block size of 64 for all experiments"
     smoothing: bool = True
     threshold: float = 0.9
     beta: float = 0.7
@@ -222,17 +225,24 @@ class Learn2PDParams(BlockParams):
 @dataclass(slots=True)
 class GuidedParams(BlockParams):
     cache: str = "freecache"
-    top_k_match: int = 1  # 003 Table 7's lossless setting; Table 11 uses 2, which accepts wrong digits on the tasks
+    top_k_match: int = 1  # 003 Table 7's setting; Table 11 uses 2, which accepts wrong digits on the tasks
     guidance_threshold: float = 0.5
+    follow: str = "drafter"  # whose tokens the output is (gate.py, GuiderAgreement): 003 Alg. 1's drafter, or guider
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
+        check_choice("follow", self.follow, FOLLOW)
+
+    def committer(self) -> Commit:
+        """block_size is 003 Table 11's speculation block: the guider verifies that many drafts from the frontier, so
+        acceptance crosses block ends (the drafter drafts every masked token; C.1: block_length "is not used")."""
+        return Commit("frontier", self.block_size)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "guider")
-        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, bonus_token=False)
+        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, False, follow=self.follow)
         return self.stages(catalog, gate, GuiderVerify(self.top_k_match), "guider")
 
 
@@ -284,23 +294,27 @@ class StreamingParams:
 @dataclass(slots=True)
 class PipelineParams:
     window: int = 16
-    top_k_match: int = 1  # lossless against the guider; 2 trades accuracy for acceptance (003 Table 11)
+    top_k_match: int = 1  # 2 trades accuracy for acceptance (003 Table 11)
     guidance_threshold: float = 0.5
-    bonus_token: bool = True
+    bonus_token: bool = True  # follow=guider: the guider's token at the first disagreement
     filter_threshold: float = 0.96
+    follow: str = "drafter"
 
     def __post_init__(self):
         check_positive("window", self.window)
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
         check_prob("filter_threshold", self.filter_threshold)
+        check_choice("follow", self.follow, FOLLOW)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
         check_filter_block(catalog, "causal", "window", self.window)
-        gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold)
+        gate = GuiderAgreement(
+            self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold, self.follow
+        )
         verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
-        return Stages(CausalPropose(), gate, Commit("window", self.window), verify, ("drafter", "guider"))
+        return Stages(CausalPropose(), gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {

@@ -8,8 +8,10 @@ from tests.orchestrator.api.test_server import PROMPT
 
 CASES = {
     "ar": ({"model": "guider"}, False),  # the guider proposes: its own distribution, but no verification
-    "guided": ({"block_size": 8}, True),
-    "pipeline": ({"window": 6}, True),
+    "guided": ({"block_size": 8}, False),  # follow=drafter: the drafter's tokens, its distribution
+    "pipeline": ({"window": 6}, False),
+    "guided-guider": ({"block_size": 8, "follow": "guider"}, True),  # the guider verifies: its distribution
+    "pipeline-guider": ({"window": 6, "follow": "guider"}, True),
     "streaming": ({"window": 6}, False),
     "slot": ({"slot_size": 4, "block_size": 8}, False),
     "credit": ({"drafter": "causal", "block_size": 8}, False),
@@ -17,9 +19,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("strategy", sorted(CASES))
-def test_one_logprob_per_committed_token_from_the_deciding_model(engine, strategy):
-    params, verified = CASES[strategy]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_logprob_per_committed_token_from_the_deciding_model(engine, case):
+    params, verified = CASES[case]
+    strategy = case.split("-")[0]
     events = []
     result = engine.generate(PROMPT, strategy, params, 16, SamplingParams(logprobs=2), on_output=events.append)
     logprobs = [lp for e in events for lp in e.logprobs]

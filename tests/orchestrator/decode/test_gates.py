@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from services.common.proposal import Proposal, Region, Verdict
+from services.common.proposal import Proposal, Region, TokenLogprobs, Verdict
 from services.common.request import Request
+from services.common.sampling import SamplingParams
 from services.orchestrator.decode.gate import (
     AcceptAll,
     Credit,
@@ -222,6 +223,23 @@ def test_credit_accumulates_within_a_block_and_resets_in_the_next():
     assert decide(4) == [4]
 
 
+def test_credit_samples_from_the_fused_distribution_when_not_greedy():
+    """001 B.2 "does not change the underlying sampling ... but simply replaces the original distribution": at
+    temperature T the tokens are drawn from softmax((z + alpha log(1 + C)) / T), with the request's generator."""
+    logits = torch.tensor([[1.0, 0.8, 0.6, 0.4, 0.2]] * 4)
+    differs = False
+    for seed in range(8):
+        req = Request("r", [5, 6, 7], 8, MASK, EOS, SamplingParams(temperature=0.7, seed=seed))
+        prop = Proposal(torch.arange(4), logits.argmax(-1), torch.full((4,), 0.3), torch.zeros(4), logits)
+        decision = Credit(0.0, 0.7, 0.5, 1.0)(req, Region(0, 8), prop, None)
+        fused = torch.stack([CreditReference(5, 0.7, 0.5, 1.0).fused(p, z) for p, z in enumerate(logits)])
+        generator = torch.Generator().manual_seed(seed)
+        sampled = torch.multinomial(torch.softmax(fused.log() / 0.7, -1), 1, generator=generator).squeeze(-1)
+        assert decision.ids.tolist() == sampled.tolist()
+        differs |= sampled.tolist() != fused.argmax(-1).tolist()
+    assert differs  # the test would see an argmax
+
+
 # ---------------------------------------------------------------- hierarchical (001 B.1)
 
 
@@ -332,6 +350,11 @@ def test_filter_gate_falls_back_to_the_best_score():
 # ---------------------------------------------------------------- guider agreement (FlashDLM 003 Alg. 1, C.4)
 
 
+def speculative(*args, **kwargs) -> GuiderAgreement:
+    """The gate with follow=guider: speculative decoding of the guider (the drafter's mode: below)."""
+    return GuiderAgreement(*args, **kwargs, follow="guider")
+
+
 def guider_verdict(start, draft, target, topk=None, target_probs=None, filter_scores=None) -> Verdict:
     draft, target = torch.tensor(draft), torch.tensor(target)
     topk = torch.tensor(topk) if topk is not None else target[:, None]
@@ -350,8 +373,8 @@ def test_guider_agreement_accepts_the_agreeing_prefix_and_one_free_token(k):
     target = [20, 21, 22, 23, 24]
     draft = target[:k] + [30 + i for i in range(k, 5)]
     verdict = guider_verdict(2, draft, target)
-    plain = GuiderAgreement(1, 0.5, bonus_token=False)(request(), Region(0, 8), drafts(2, draft), verdict)
-    bonus = GuiderAgreement(1, 0.5, bonus_token=True)(request(), Region(0, 8), drafts(2, draft), verdict)
+    plain = speculative(1, 0.5, bonus_token=False)(request(), Region(0, 8), drafts(2, draft), verdict)
+    bonus = speculative(1, 0.5, bonus_token=True)(request(), Region(0, 8), drafts(2, draft), verdict)
     n_plain = k if k else 1  # with no agreement, the guider's own token
     assert decided(plain) == list(range(2, 2 + n_plain)) and plain.ids.tolist() == target[:n_plain]
     n_bonus = min(k + 1, 5)
@@ -365,11 +388,11 @@ def test_guider_agreement_top2_needs_the_guidance_threshold():
     verdict = guider_verdict(0, draft, target, topk, target_probs)
     # drafter probabilities: 31 clears 0.5 * 0.6 (0.35 > 0.3); 32 does not (0.25); the rest agree anyway
     prop = drafts(0, draft, [0.9, 0.35, 0.25, 0.9])
-    assert decided(GuiderAgreement(2, 0.5, False)(request(), Region(0, 4), prop, verdict)) == [0, 1]
-    assert decided(GuiderAgreement(1, 0.5, False)(request(), Region(0, 4), prop, verdict)) == [0]
-    assert decided(GuiderAgreement(2, 0.3, False)(request(), Region(0, 4), prop, verdict)) == [0, 1, 2, 3]
+    assert decided(speculative(2, 0.5, False)(request(), Region(0, 4), prop, verdict)) == [0, 1]
+    assert decided(speculative(1, 0.5, False)(request(), Region(0, 4), prop, verdict)) == [0]
+    assert decided(speculative(2, 0.3, False)(request(), Region(0, 4), prop, verdict)) == [0, 1, 2, 3]
     not_in_top2 = guider_verdict(0, draft, target, [[20, 40], [21, 41], [22, 32], [23, 41]], target_probs)
-    assert decided(GuiderAgreement(2, 0.3, False)(request(), Region(0, 4), prop, not_in_top2)) == [0]
+    assert decided(speculative(2, 0.3, False)(request(), Region(0, 4), prop, not_in_top2)) == [0]
 
 
 def test_guider_agreement_counts_known_positions_as_certain():
@@ -377,17 +400,17 @@ def test_guider_agreement_counts_known_positions_as_certain():
     target, draft = [20, 21, 22], [20, 31, 22]
     verdict = guider_verdict(4, draft, target, [[20, 40], [21, 31], [22, 40]], [0.9, 0.95, 0.9])
     prop = proposal([4, 6], [0.9, 0.9], ids=[20, 22])  # position 5 is a filled draft, not proposed
-    assert decided(GuiderAgreement(2, 0.9, False)(request(), Region(4, 7), prop, verdict)) == [4, 5, 6]
+    assert decided(speculative(2, 0.9, False)(request(), Region(4, 7), prop, verdict)) == [4, 5, 6]
 
 
 def test_guider_agreement_keeps_confident_drafts_past_the_agreement_as_context():
     target, draft = [20, 21, 22, 23, 24], [20, 31, 22, 23, 24]
     verdict = guider_verdict(0, draft, target, filter_scores=[0.99, 0.99, 0.99, 0.5, 0.97])
-    gate = GuiderAgreement(1, 0.5, bonus_token=True, keep_threshold=0.96)
+    gate = speculative(1, 0.5, bonus_token=True, keep_threshold=0.96)
     decision = gate(request(), Region(0, 5), drafts(0, draft), verdict)
     assert decided(decision) == [0, 1] and decision.ids.tolist() == [20, 21]
     assert decision.fill_positions.tolist() == [2, 4] and decision.fill_ids.tolist() == [22, 24]
-    without = GuiderAgreement(1, 0.5, True, 0.96)(
+    without = speculative(1, 0.5, True, 0.96)(
         request(), Region(0, 5), drafts(0, draft), guider_verdict(0, draft, target)
     )
     assert without.fill_positions.tolist() == []
@@ -396,23 +419,80 @@ def test_guider_agreement_keeps_confident_drafts_past_the_agreement_as_context()
 def test_guider_agreement_top2_never_rejects_the_guiders_own_choice():
     verdict = guider_verdict(0, [20, 21], [20, 21], [[20, 40], [21, 41]], [0.9, 0.9])
     prop = drafts(0, [20, 21], [0.1, 0.1])  # the drafter is unsure, but the guider agrees
-    assert decided(GuiderAgreement(2, 0.5, False)(request(), Region(0, 2), prop, verdict)) == [0, 1]
+    assert decided(speculative(2, 0.5, False)(request(), Region(0, 2), prop, verdict)) == [0, 1]
 
 
 def test_guider_agreement_guidance_threshold_is_strict():
     verdict = guider_verdict(0, [31, 21], [20, 21], [[20, 31], [21, 41]], [0.5, 0.9])
     prop = drafts(0, [31, 21], [0.25, 0.9])  # 0.25 is exactly 0.5 * 0.5
-    decision = GuiderAgreement(2, 0.5, False)(request(), Region(0, 2), prop, verdict)
+    decision = speculative(2, 0.5, False)(request(), Region(0, 2), prop, verdict)
     assert decided(decision) == [0] and decision.ids.tolist() == [20]
 
 
 def test_guider_agreement_full_agreement_with_bonus_and_filter_scores():
     verdict = guider_verdict(0, [20, 21, 22], [20, 21, 22], filter_scores=[0.99, 0.99, 0.99])
-    decision = GuiderAgreement(1, 0.5, True, 0.96)(request(), Region(0, 3), drafts(0, [20, 21, 22]), verdict)
+    decision = speculative(1, 0.5, True, 0.96)(request(), Region(0, 3), drafts(0, [20, 21, 22]), verdict)
     assert decided(decision) == [0, 1, 2] and decision.fill_positions.tolist() == []
 
 
 def test_guider_agreement_keep_threshold_is_strict():
     verdict = guider_verdict(0, [20, 31, 32], [20, 21, 22], filter_scores=[0.9, 0.5, 0.75])
-    decision = GuiderAgreement(1, 0.5, False, 0.5)(request(), Region(0, 3), drafts(0, [20, 31, 32]), verdict)
+    decision = speculative(1, 0.5, False, 0.5)(request(), Region(0, 3), drafts(0, [20, 31, 32]), verdict)
     assert decision.fill_positions.tolist() == [2]
+
+
+# ---------------------------------------------------------------- follow=drafter (003 Alg. 1 as written)
+
+
+def algorithm1(draft: list[int], target: list[int]) -> int:
+    """003 Alg. 1: the length of the matching run unmasked with tok_DLM, or 1 (i_1 with tok_DLM[i_1])."""
+    k = 0
+    while k < len(draft) and draft[k] == target[k]:
+        k += 1
+    return max(k, 1)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_follow_drafter_unmasks_the_matching_run_or_the_first_draft_with_the_drafters_tokens(k):
+    target = [20, 21, 22, 23, 24]
+    draft = target[:k] + [30 + i for i in range(k, 5)]
+    prop = drafts(2, draft)
+    prop.logprobs = TokenLogprobs(torch.full((5,), -0.5), torch.tensor(draft)[:, None], torch.zeros(5, 1), False)
+    verdict = guider_verdict(2, draft, target)
+    verdict.logprobs = TokenLogprobs(torch.full((5,), -2.0), torch.tensor(target)[:, None], torch.zeros(5, 1), True)
+    decision = GuiderAgreement(1, 0.5, bonus_token=True)(request(), Region(0, 8), prop, verdict)
+    n = algorithm1(draft, target)
+    assert decided(decision) == list(range(2, 2 + n)) and decision.ids.tolist() == draft[:n]
+    assert decision.logprobs.chosen.tolist() == [-0.5] * n and not decision.logprobs.verified  # the drafter's
+
+
+def test_follow_drafter_top2_accepts_the_drafters_token_the_guider_ranks_second():
+    verdict = guider_verdict(0, [20, 31, 22], [20, 21, 22], [[20, 40], [21, 31], [22, 40]], [0.9, 0.6, 0.9])
+    decision = GuiderAgreement(2, 0.5, False)(
+        request(), Region(0, 3), drafts(0, [20, 31, 22], [0.9, 0.35, 0.9]), verdict
+    )
+    assert decided(decision) == [0, 1, 2] and decision.ids.tolist() == [20, 31, 22]
+
+
+def test_follow_drafter_with_the_filter_decides_the_kept_drafts_and_runs_through_them():
+    """The run goes on through drafts the filter keeps (the filter and the guider decide how many drafter tokens are
+    accepted); kept drafts past the run are decided too."""
+    gate = GuiderAgreement(1, 0.5, True, keep_threshold=0.96)
+    target = [20, 21, 22, 23, 24, 25]
+    draft = [20, 31, 22, 33, 34, 35]
+    verdict = guider_verdict(0, draft, target, filter_scores=[0.5, 0.99, 0.5, 0.5, 0.97, 0.5])
+    decision = gate(request(), Region(0, 6), drafts(0, draft), verdict)
+    # run: 0 agrees, 1 kept, 2 agrees, 3 neither; 4 kept past the run
+    assert decided(decision) == [0, 1, 2, 4] and decision.ids.tolist() == [20, 31, 22, 34]
+    assert decision.fill_positions.tolist() == []
+
+
+def test_follow_drafter_decided_positions_in_the_span_stand():
+    """A draft the filter decided in an earlier round is verified again by the guider; disagreeing, it still stands."""
+    req = request()
+    req.decide(torch.tensor([3]), torch.tensor([33]))
+    verdict = guider_verdict(2, [22, 33, 24], [22, 23, 24], filter_scores=[0.5, 0.5])
+    decision = GuiderAgreement(1, 0.5, True, 0.96)(
+        req, Region(2, 5), proposal([2, 4], [0.9, 0.9], ids=[22, 24]), verdict
+    )
+    assert decided(decision) == [2, 4]

@@ -8,7 +8,7 @@ from services.common.request import Request
 from services.filter.model import FilterConfig
 from services.orchestrator.decode.verify import filter_call, proposal_scores
 from tests.orchestrator.decode.test_gates import bisect_reference
-from tests.scripted import ScriptedLM, confident, row, scripted_engine
+from tests.scripted import MASK, ScriptedLM, confident, row, scripted_engine
 
 PROMPT = [5, 6, 7]
 TOKENS = list(range(10, 26))  # 16 tokens, no EOS
@@ -75,19 +75,62 @@ def entropy(logprobs: torch.Tensor) -> float:
     return float(-(p * logprobs.nan_to_num(neginf=0.0)).sum())
 
 
-def test_streaming_accepts_what_the_distance_penalty_allows_and_counts_p_cache():
+def wedlm(script: dict, n: int, window: int, tau: float, lam: float) -> list[list[tuple[int, int]]]:
+    """002 Alg. 1 (Streaming Parallel Decoding) on a script of position -> log-probabilities whatever the context:
+    per forward, its window as (token, position), filled slots before masks; the prompt's prefill left out.
+    Commit the leftmost contiguous filled prefix, fill the masks with H_i + lam * d_i < tau (else the lowest), then
+    refill the window with as many masks as were committed."""
+    slots, filled, forwards = list(range(min(window, n))), {}, []
+    appended = len(slots)  # positions handed to the window so far
+    while slots:
+        forwards.append([(filled[p], p) for p in slots if p in filled] + [(MASK, p) for p in slots if p not in filled])
+        committed = next((i for i, p in enumerate(slots) if p not in filled), len(slots))
+        slots = slots[committed:]
+        masks = [p for p in slots if p not in filled]
+        if masks:
+            adjusted = {p: entropy(script[p]) + lam * (p - masks[0]) for p in masks}
+            chosen = [p for p in masks if adjusted[p] < tau] or [min(masks, key=adjusted.get)]
+            filled |= {p: int(script[p].argmax()) for p in chosen}
+        slots += list(range(appended, min(appended + committed, n)))
+        appended = min(appended + committed, n)
+    return forwards
+
+
+def hesitant() -> dict:
+    """Unsure at positions 2 and 9 (entropy about 3): the window fills around them, out of order."""
     script = confident(TOKENS)
+    for p in (2, 9):
+        script[p] = row({TOKENS[p]: 0.3})
+    return script
+
+
+@pytest.mark.parametrize("name", ["confident", "hesitant"])
+def test_streaming_places_refills_and_feeds_its_window_as_wedlm_algorithm_1(name):
+    """W = 6, tau 0.4, lambda 0.1. On the confident drafter Alg. 1 fills 4, then 2 (the 4 filled tokens still hold
+    their slots while they are committed), 4, 2, ..., each forward over 6 tokens. The hesitant one fills around its
+    unsure positions, and at position 2 fills every slot of its window."""
+    script = confident(TOKENS) if name == "confident" else hesitant()
     engine, model = drafter_engine(script, "causal")
     window, tau, lam = 6, 0.4, 0.1
     req = run(engine, "streaming", {"window": window, "entropy_threshold": tau, "distance_penalty": lam})
-    per_round = sum(entropy(script[0]) + lam * d < tau for d in range(window))
-    assert per_round == 4
-    assert req.output_ids() == TOKENS and req.stats.accepted == [4, 4, 4, 4]
+    # a forward of Alg. 1 whose window is all filled only commits: the engine runs it with the next forward (the
+    # masks see the same prefix), and ends once every token is decided
+    reference, commits = [], []
+    for forward in wedlm(script, 16, window, tau, lam):
+        if any(t == MASK for t, _ in forward):
+            reference.append(commits + forward)
+        commits = [] if any(t == MASK for t, _ in forward) else forward
+    seen = [
+        [(t, p - len(PROMPT)) for t, p in zip(ids[0].tolist(), positions, strict=True) if p >= len(PROMPT)]
+        for (ids, _), (positions, _) in zip(model.calls, model.positions, strict=True)
+    ]
+    assert seen == reference and req.output_ids() == TOKENS
     # 002 Eq. 4: N_fwd counts every token instance through the drafter after the prompt's prefill
     n_fwd = sum(model.inputs) - len(PROMPT)
-    assert n_fwd == 6 + (4 + 6) + (4 + 6) + (4 + 4)  # window masks, plus the last commits recomputed in order
-    assert req.stats.drafter_tokens_processed == n_fwd
+    assert n_fwd == sum(map(len, reference)) and req.stats.drafter_tokens_processed == n_fwd
     assert req.stats.p_cache == pytest.approx(16 / n_fwd)
+    if name == "confident":
+        assert req.stats.accepted == [4, 2, 4, 2, 4] and n_fwd == 5 * window
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
@@ -130,7 +173,7 @@ def test_guided_accepts_exactly_the_agreeing_drafts(k):
     drafts = GUIDER[:k] + [2] * (16 - k)  # the drafter agrees with the guider on the first k positions only
     guider = ScriptedLM(confident(GUIDER), len(PROMPT))
     engine, _ = drafter_engine(confident(drafts), "bidirectional", guider=guider)
-    req = run(engine, "guided", {"block_size": 8, "top_k_match": 1})
+    req = run(engine, "guided", {"block_size": 8, "top_k_match": 1, "follow": "guider"})
     assert req.output_ids() == GUIDER  # lossless against the guider
     assert req.stats.accepted[0] == max(k, 1)  # with no agreement, the guider's own token
 
@@ -140,7 +183,7 @@ def test_pipeline_accepts_the_agreeing_drafts_and_the_bonus_token(k):
     drafts = GUIDER[:k] + [2] * (16 - k)
     guider = ScriptedLM(confident(GUIDER), len(PROMPT))
     engine, _ = drafter_engine(confident(drafts), "causal", guider=guider, filter_model=IdentityFilter())
-    req = run(engine, "pipeline", {"window": 8, "top_k_match": 1, "bonus_token": True})
+    req = run(engine, "pipeline", {"window": 8, "top_k_match": 1, "bonus_token": True, "follow": "guider"})
     assert req.output_ids() == GUIDER
     assert req.stats.accepted[0] == k + 1
 

@@ -62,9 +62,10 @@ def test_recompute_runs_the_accepted_slot_again_in_the_next_forward():
 
 def together_script() -> dict:
     """Four slots of 4 selected at once. Slot 0 fails at its second token in the select verification, so all four
-    complete in isolation: slot 3 first, then slot 0; slots 1 and 2 each stop at their third token, are forced past
-    it together and complete together, from one verification forward in which neither saw the other. The last two
-    forwards draft and verify the next block."""
+    complete in isolation: slot 3 first, then slot 0, then slots 1 and 2, each stopping at its third token and forced
+    past it. The slots complete early wait (000 §4.2), verified with the others, and all four are committed together
+    from the verification forward that completed the last, in which none saw another. The last two forwards draft
+    and verify the next block."""
     script = confident(TOKENS[:20])
     for position in (1, 6, 10):
         script[position] = row({TOKENS[position]: 0.3, 2: 0.25})
@@ -78,19 +79,20 @@ def test_slots_completed_together_keep_the_kv_of_their_isolated_verification():
     """000 §4.2: the KV of parallel-completed slots is concatenated as computed, without inter-slot conditioning."""
     model, ids, _ = decode(together_script(), 20, "reuse", TOGETHER)
     assert ids == TOKENS[:20]
-    # the forward of the next block: slots 1 and 2, in commit order, entered the cache without being run again
+    # the forward of the next block: the four slots, in commit order, entered the cache without being run again
     block = len(model.calls) - 2
-    assert model.pasts[block][-8:] == TOKENS[4:12] and ids_in(model, block) == [MASK] * 4
+    assert model.pasts[block][-16:] == TOKENS[:16] and ids_in(model, block) == [MASK] * 4
     staging = block - 1  # the verification that completed them, slots isolated by groups
-    assert ids_in(model, staging) == TOKENS[4:12]
-    mask = model.calls[staging][1][0].mask[:, -8:]  # the request's [8 queries, 8 new tokens]
-    assert not mask[4:, :4].any()  # slot 2 did not see slot 1
+    assert ids_in(model, staging) == TOKENS[:16]
+    mask = model.calls[staging][1][0].mask[:, -16:]  # the request's [16 queries, 16 new tokens]
+    slot = torch.arange(16) // 4
+    assert not (mask & (slot[:, None] != slot[None, :])).any()  # no slot saw another
 
 
 def test_recompute_runs_slots_completed_together_again():
     model, ids, _ = decode(together_script(), 20, "recompute", TOGETHER)
     assert ids == TOKENS[:20]
-    assert ids_in(model, len(model.calls) - 2) == TOKENS[4:12] + [MASK] * 4
+    assert ids_in(model, len(model.calls) - 2) == TOKENS[:16] + [MASK] * 4
 
 
 # ---------------------------------------------------------------- which staged entries a commit may take

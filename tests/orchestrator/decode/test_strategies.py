@@ -2,6 +2,7 @@
 
 import pytest
 
+from services.common.proposal import Region
 from services.common.sampling import SamplingParams
 from services.orchestrator.decode.strategies import STRATEGIES
 
@@ -34,6 +35,13 @@ def test_strategy_runs_and_keeps_invariants(engine, strategy, params):
     assert 0 < stats["p_cache"] <= 1 and stats["tpf"] > 0
 
 
+def test_credit_decodes_in_blocks_of_64(engine):
+    """001 §4.1: "a block size of 64 for all experiments"."""
+    req = engine.request(PROMPTS[0], max_new_tokens=100)
+    assert engine.add(req, "credit").stages.commit.region(req) == Region(0, 64)
+    engine.cancel([req])
+
+
 def test_every_named_strategy_is_covered():
     assert {s for s, _ in CASES} == set(STRATEGIES)
 
@@ -42,7 +50,8 @@ def test_every_named_strategy_is_covered():
 @pytest.mark.parametrize("drafter", ["causal", "bidirectional"])
 def test_guided_top1_is_lossless_against_guider(engine, prompt, drafter):
     reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
-    guided = engine.generate(prompt, "guided", {"top_k_match": 1, "drafter": drafter}, max_new_tokens=24)
+    params = {"top_k_match": 1, "drafter": drafter, "follow": "guider"}
+    guided = engine.generate(prompt, "guided", params, max_new_tokens=24)
     assert guided.token_ids == reference.token_ids
     assert guided.finish_reason == reference.finish_reason
 
@@ -50,7 +59,7 @@ def test_guided_top1_is_lossless_against_guider(engine, prompt, drafter):
 def test_pipeline_top1_is_lossless_against_guider(engine):
     for prompt in PROMPTS:
         reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
-        piped = engine.generate(prompt, "pipeline", {"top_k_match": 1, "window": 8}, max_new_tokens=24)
+        piped = engine.generate(prompt, "pipeline", {"top_k_match": 1, "window": 8, "follow": "guider"}, 24)
         assert piped.token_ids == reference.token_ids
 
 
@@ -71,7 +80,8 @@ def test_streaming_commits_in_order_and_window_keeps_its_size(engine):
 
     def recording_region(r):
         reg = region(r)
-        sizes.append((reg.end - reg.start, min(8, r.horizon - r.frontier)))
+        assert reg.start <= r.frontier < reg.end  # its slots from the first uncached position hold the frontier
+        sizes.append((reg.end - reg.start, min(8, r.horizon - reg.start)))
         return reg
 
     stages.commit.region = recording_region
@@ -125,7 +135,8 @@ def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt
     reference = engine.generate(prompt, "ar", {"model": "guider"}, max_new_tokens=24)
     ids = reference.token_ids + [0] * 24
     req = engine.request(prompt, max_new_tokens=24)
-    engine.add(req, "guided", {"top_k_match": 1, "block_size": 8}).stages.propose = OracleDrafter(ids).propose
+    params = {"top_k_match": 1, "block_size": 8, "follow": "guider"}
+    engine.add(req, "guided", params).stages.propose = OracleDrafter(ids).propose
     list(engine.outputs(req))
     assert req.output_ids() == reference.token_ids
     assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)
