@@ -45,14 +45,14 @@ def served_app(engine: dict, config_path, num_cpus: int = 4):
 
     from services.orchestrator.cluster.app import build_app
 
-    port = free_port()
-    engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
-    config_path.write_text(yaml.safe_dump({"engine": engine}))
     set_ray_env()
     ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
-    app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
+    port = free_port()  # once Ray's own processes hold their ports, so that none of them takes this one
+    engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
+    config_path.write_text(yaml.safe_dump({"engine": engine}))
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)
     try:
+        app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
         deadline = time.monotonic() + 180
         while client.health() != "SERVING":
             assert time.monotonic() < deadline, "the service never became SERVING"
@@ -161,9 +161,9 @@ def threads(pid: int) -> int:
 def test_sixteen_concurrent_streams_equal_in_process(service):
     client, _, engine = service
     jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=200 + i)) for i in range(16)]
-    expected = [
-        engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)).token_ids for s, sampling in jobs
-    ]
+    eos = engine.executor.meta().eos_id
+    results = [engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)) for s, sampling in jobs]
+    expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS
     with ThreadPoolExecutor(16) as pool:
         got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
     assert got == expected
