@@ -42,7 +42,11 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits / params.temperature, -1)
+    # any temperature a double holds (in float32 a tiny one is 0): shifted logits are <= 0, so dividing cannot
+    # overflow them to +inf, and an excluded token stays -inf where a huge temperature would make it NaN
+    shifted = (logits - logits.max(-1, keepdim=True).values).double()
+    scaled = (shifted / params.temperature).masked_fill(logits == float("-inf"), float("-inf"))
+    probs = torch.softmax(scaled, -1).float()
     if params.top_p < 1:
         sorted_probs, order = probs.sort(-1, descending=True)
         drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
