@@ -16,11 +16,11 @@ from services.cli.cli import main
 from services.cli.client import DlmClient
 from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
-from services.orchestrator import engine as engine_module
 from services.orchestrator.api.frontend import EngineBackend
 from services.orchestrator.api.grpc_server import Limits, Server
 from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import STRATEGIES, defaults
+from services.orchestrator.engine import engine as engine_module
 from services.orchestrator.engine.engine import Engine
 from services.serving.wire import SERVICE, pb
 
