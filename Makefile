@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make run` (set up, then decode with the shipped models) and `make test`.
 VENV := .venv
 BIN := $(VENV)/bin
-PROMPT ?= count from 3 step 2 for 12:
+PROMPT ?= sort: 42 7 19 88 3 55
 
 .PHONY: setup run test lint mutation
 

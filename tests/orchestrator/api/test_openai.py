@@ -185,10 +185,12 @@ def test_logprobs_sum_to_the_guider_nll_of_the_output(service, prompt):
 
 def test_pipeline_logprobs_say_which_model_decided(service):
     _, _, grpc_client, *_ = service
-    reply = grpc_client.generate(PROMPT, strategy="pipeline", max_new_tokens=16, logprobs=1)
+    speculative = {"follow": "guider"}  # the guider's tokens; by default the pipeline outputs the drafter's
+    reply = grpc_client.generate(PROMPT, strategy="pipeline", params=speculative, max_new_tokens=16, logprobs=1)
     assert len(reply.logprobs) == len(reply.token_ids) and all(lp.verified for lp in reply.logprobs)
-    reply = grpc_client.generate(PROMPT, strategy="streaming", max_new_tokens=16, logprobs=1)
-    assert len(reply.logprobs) == len(reply.token_ids) and not any(lp.verified for lp in reply.logprobs)
+    for strategy in ("pipeline", "streaming"):
+        reply = grpc_client.generate(PROMPT, strategy=strategy, max_new_tokens=16, logprobs=1)
+        assert len(reply.logprobs) == len(reply.token_ids) and not any(lp.verified for lp in reply.logprobs)
 
 
 def test_abort_ends_a_running_stream_as_cancelled_and_frees_its_state(service):
