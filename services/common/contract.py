@@ -49,7 +49,6 @@ ROLES = {
 }
 SERVED = (Role.DRAFTER, Role.GUIDER, Role.AR, Role.FILTER)  # roles with a Serve deployment of their own
 FAMILIES = ("causal", "bidirectional")  # drafter families; each has its own filter
-DRAFTER_MODELS = {"causal": "drafter", "bidirectional": "drafter_bidirectional"}  # family -> models key
 FILTER_MODELS = {"causal": "filter", "bidirectional": "filter_bidirectional"}  # family -> models key
 MODEL_HOSTS = {"drafter_bidirectional": "drafter", "filter_bidirectional": "filter"}  # models key -> host serving it
 CACHE_MODES = ("none", "prefix", "dual", "freecache", "vicinity")  # the bidirectional drafter's KV cache modes
@@ -177,12 +176,6 @@ class Reply:
 
 
 Stage = Generator[list[Call], list[Any], T]  # yields calls, receives their values in order, returns T
-
-
-def no_calls() -> Stage[None]:
-    """A stage that needs no model this round."""
-    return
-    yield
 
 
 Key = tuple[Role, str]  # (role, method)
