@@ -24,11 +24,10 @@ import yaml
 from tqdm import tqdm
 
 from services.common.config import EngineConfig
-from services.common.contract import Propose, ProposeBidirectional
+from services.common.contract import FAMILIES, Propose, ProposeBidirectional
 from services.common.proposal import Proposal, Region
 from services.common.request import Request
 from services.filter.model import FilterConfig, Learn2PDFilter, pad_blocks
-from services.orchestrator.decode.strategies import DRAFTERS
 from services.orchestrator.engine.engine import Engine, Prompt
 from services.training import tasks
 
@@ -57,8 +56,8 @@ class FilterTrainConfig:
 
     def __post_init__(self):
         self.families = tuple(self.families)
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        if self.drafter not in FAMILIES:
+            raise ValueError(f"drafter must be one of {FAMILIES}, got {self.drafter!r}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if min(self.prompts_per_family, self.epochs, self.batch_size) < 1:

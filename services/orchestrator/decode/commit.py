@@ -18,6 +18,7 @@ import torch
 
 from services.common.proposal import Committed, Decision, Region, TokenLogprob, TokenLogprobs
 from services.common.request import Request
+from services.orchestrator.decode.gate import spans
 
 REGIONS = ("block", "window", "frontier")
 ORDERS = ("prefix", "slot")
@@ -97,6 +98,4 @@ def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> No
 
 def runs(positions: torch.Tensor) -> list[torch.Tensor]:
     """Split sorted positions into runs of consecutive values."""
-    if len(positions) == 0:
-        return []
-    return list(positions.tensor_split((positions.diff() != 1).nonzero().squeeze(-1) + 1))
+    return [positions[at] for at in spans(positions)]

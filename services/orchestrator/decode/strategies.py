@@ -33,8 +33,8 @@ from services.orchestrator.decode.propose import ARPropose, BidirectionalPropose
 from services.orchestrator.decode.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
 from services.orchestrator.decode.verify import FilterVerify, GuiderVerify
 
-Propose = Callable[[Request, Region], Stage[Proposal]]
-Verify = Callable[[Request, Region, Proposal], Stage[Verdict]]
+Proposer = Callable[[Request, Region], Stage[Proposal]]  # a propose stage (propose.py, slots.py)
+Verifier = Callable[[Request, Region, Proposal], Stage[Verdict]]  # a verify stage (verify.py, slots.py)
 Gate = Callable[[Request, Region, Proposal, Verdict | None], Decision]
 
 
@@ -48,10 +48,10 @@ class Catalog(Protocol):
 
 @dataclass(slots=True)
 class Stages:
-    propose: Propose
+    propose: Proposer
     gate: Gate
     commit: Commit
-    verify: Verify | None = None
+    verify: Verifier | None = None
     roles: tuple[str, ...] = ()  # hosts keeping this request's KV, released when it ends
 
 
@@ -84,9 +84,6 @@ def check_choice(name: str, value: str, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-DRAFTERS = FAMILIES
-
-
 @dataclass(slots=True)
 class ARParams:
     model: str = "ar"  # a role of the engine config: ar, guider or drafter
@@ -113,7 +110,7 @@ class BlockParams:
     eos: ClassVar[str] = "truncate"  # what a decided EOS does on the bidirectional drafter (commit.py, EOS_POLICIES)
 
     def __post_init__(self):
-        check_choice("drafter", self.drafter, DRAFTERS)
+        check_choice("drafter", self.drafter, FAMILIES)
         check_positive("block_size", self.block_size)
         check_choice("cache", self.cache, CACHE_MODES)
         check_prob("threshold_decay", self.threshold_decay)
@@ -125,7 +122,7 @@ class BlockParams:
         """IterSmooth's threshold schedule goes with iteration smoothing (001 A.1)."""
         return self.threshold_decay if self.smoothing else None
 
-    def proposer(self, catalog: Catalog, keep_logits: bool = False) -> Propose:
+    def proposer(self, catalog: Catalog, keep_logits: bool = False) -> Proposer:
         need(catalog, "drafter" if self.drafter == "causal" else "drafter_bidirectional")
         if self.drafter == "causal":
             return CausalPropose(keep_logits)
@@ -136,7 +133,7 @@ class BlockParams:
         """A causal drafter's predictions before an EOS never see past it: it keeps EOS truncation (000 B.1)."""
         return Commit("block", self.block_size, eos=self.eos if self.drafter == "bidirectional" else "truncate")
 
-    def stages(self, catalog: Catalog, gate: Gate, verify: Verify | None = None, *roles: str) -> Stages:
+    def stages(self, catalog: Catalog, gate: Gate, verify: Verifier | None = None, *roles: str) -> Stages:
         return Stages(self.proposer(catalog), gate, self.committer(), verify, ("drafter", *roles))
 
 
