@@ -6,7 +6,6 @@ tests) and the engine over Ray Serve deployments (services/orchestrator/cluster/
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from uuid import uuid4
@@ -15,7 +14,7 @@ from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.api.detok import Detokenizer, detokenizer
 from services.orchestrator.decode.strategies import STRATEGIES, make_params
-from services.orchestrator.engine.engine import AlreadyExists, Engine
+from services.orchestrator.engine.engine import AlreadyExists, Engine, seconds_to_first
 from services.orchestrator.engine.output import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -148,16 +147,11 @@ class Frontend:
                     self.emit(engine.end(engine.requests[rid], "error", e))
                 engine.flush_releases()
             if not engine.scheduler.running:  # nothing to advance until a request arrives, ends or expires
+                expiry = seconds_to_first(er.deadline for er in engine.scheduler.waiting)  # ends with no wake-up
                 try:
-                    await asyncio.wait_for(wake.wait(), self.first_deadline(engine))
+                    await asyncio.wait_for(wake.wait(), expiry)
                 except TimeoutError:
                     pass
-
-    @staticmethod
-    def first_deadline(engine: Engine) -> float | None:
-        """Seconds until the first waiting request's deadline, when it must end without a wake-up."""
-        deadlines = [er.deadline for er in engine.scheduler.waiting if er.deadline is not None]
-        return max(min(deadlines) - time.monotonic(), 0) if deadlines else None
 
     def detokenizer(self) -> Detokenizer:
         """A new request's incremental decoder."""

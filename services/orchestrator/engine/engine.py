@@ -6,7 +6,7 @@ CLI, the benchmarks and both servers decode through it; its `Executor` runs the 
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +53,12 @@ class Result:
     token_ids: list[int]
     finish_reason: str
     stats: dict
+
+
+def seconds_to_first(deadlines: Iterable[float | None]) -> float | None:
+    """Seconds until the earliest of these time.monotonic() deadlines (None: no deadline), or None if none is set."""
+    given = [d for d in deadlines if d is not None]
+    return max(min(given) - time.monotonic(), 0) if given else None
 
 
 class Engine:
@@ -204,9 +210,7 @@ class Engine:
 
     def next_deadline(self, rounds: Rounds) -> float | None:
         """Seconds until the first deadline of a request that waits on the call, or None."""
-        deadlines = [self.requests[rid].deadline for rid in rounds.waiting if rid in self.requests]
-        deadlines = [d for d in deadlines if d is not None]
-        return max(min(deadlines) - time.monotonic(), 0) if deadlines else None
+        return seconds_to_first(self.requests[rid].deadline for rid in rounds.waiting if rid in self.requests)
 
     def expire(self, rounds: Rounds, emit: Emit) -> None:
         now = time.monotonic()
