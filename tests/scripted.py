@@ -51,14 +51,19 @@ class ScriptedLM(nn.Module):
     position_ids, a DynamicCache, use_cache) -> last hidden states, which are the scripted logits, and an identity
     vocabulary head; .config, .device, .dtype, get_input_embeddings()."""
 
-    def __init__(self, script: Mapping[int, torch.Tensor], prompt_len: int, bidirectional: bool = False):
+    def __init__(
+        self,
+        script: Mapping[int, torch.Tensor],
+        prompt_len: int,
+        bidirectional: bool = False,
+        next_script: Mapping[int, torch.Tensor] | None = None,
+    ):
+        """next_script, where given: what a causal drafter's clean tokens predict of the next position (its
+        next-token head), where it differs from what a mask there predicts (script)."""
         super().__init__()
         self.prompt_len, self.bidirectional = prompt_len, bidirectional
-        size = max(script, default=-1) + 1
-        table = torch.full((size + 1, VOCAB), -torch.log(torch.tensor(float(VOCAB))))  # last row: unscripted
-        for position, logprobs in script.items():
-            table[position] = logprobs
-        self.table = table
+        self.table = table_of(script)
+        self.next_table = table_of(next_script) if next_script is not None else None
         # one-hot embeddings: inputs_embeds.argmax(-1) gives the ids back, also under iteration smoothing's mix-in
         self.embed = nn.Embedding(VOCAB, VOCAB, _weight=torch.eye(VOCAB))
         self.embed.weight.requires_grad_(False)
@@ -123,7 +128,19 @@ class ScriptedLM(nn.Module):
         unscripted = len(self.table) - 1
         target = torch.where((target >= 0) & (target < unscripted), target, unscripted)
         logits = self.table[target]
+        if self.next_table is not None and not self.bidirectional:
+            clean = (ids != MASK)[..., None]
+            logits = torch.where(clean, self.next_table[target.clamp(max=len(self.next_table) - 1)], logits)
         return BaseModelOutputWithPast(last_hidden_state=logits, past_key_values=past_key_values)
+
+
+def table_of(script: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    """[positions + 1, V] log-probabilities; the last row, uniform, for positions the script does not name."""
+    size = max(script, default=-1) + 1
+    table = torch.full((size + 1, VOCAB), -torch.log(torch.tensor(float(VOCAB))))
+    for position, logprobs in script.items():
+        table[position] = logprobs
+    return table
 
 
 def cached_positions(cache) -> list[int]:

@@ -97,6 +97,7 @@ class Propose:
     req: Request
     region: Region
     keep_logits: bool = False  # the full distribution comes back only for gates that fuse it (credit)
+    ar_head: bool = False  # the first mask drafted by the clean token before it (causal.py, propose_batch)
 
 
 @dataclass(frozen=True, slots=True)

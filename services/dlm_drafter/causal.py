@@ -92,20 +92,42 @@ class CausalDrafter:
         items, processed = zip(*[self.item(*call) for call in calls], strict=True)
         return list(zip(forward(self.model, list(items)), processed, strict=True))
 
-    def propose_batch(self, calls: list[tuple[Request, Region]]) -> list[tuple[Proposal, int]]:
-        """Fill every masked position of each region; clean context and pending commits stand before the masks."""
-        inputs = []
-        for req, region in calls:
+    def propose_batch(self, calls: list[tuple[Request, Region, bool]]) -> list[tuple[Proposal, int]]:
+        """Fill every masked position of each region; clean context and pending commits stand before the masks.
+
+        ar_head: the first masked position is drafted from the output of the clean token just before it (the
+        drafter's next-token head: its own left-to-right decode) where that token stands in this forward, as the
+        last commit does at the frontier; every other mask from its own output."""
+        items, processed, reads = [], [], []
+        for req, region, ar_head in calls:
             context = req.context_positions()
             known = req.decided | req.filled
             masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
             ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
-            inputs.append((req, ids, torch.cat([context, masked]), None, len(context), masked))
-        outs = self.forward_batch([call[:4] for call in inputs])
-        return [
-            (propose_from_logits(masked, out[n:], req.sampling, req.generator, req.mask_id), tokens)
-            for (req, _, _, _, n, masked), (out, tokens) in zip(inputs, outs, strict=True)
-        ]
+            item, tokens = self.item(req, ids, torch.cat([context, masked]), None)
+            head = input_at(item, req.prompt_len + int(masked[0]) - 1) if ar_head and len(masked) else None
+            if head is not None:
+                item.wanted = slice(min(head, item.keep), None)
+            items.append(item)
+            processed.append(tokens)
+            reads.append((masked, head))
+        proposals = []
+        for (req, _, _), item, logits, (masked, head) in zip(
+            calls, items, forward(self.model, items), reads, strict=True
+        ):
+            rows = logits[len(logits) - len(masked) :]  # [len(masked), V]: the masks stand last
+            if head is not None:
+                rows = torch.cat([logits[head - item.wanted.start][None], rows[1:]])
+            proposals.append(propose_from_logits(masked, rows, req.sampling, req.generator, req.mask_id))
+        return list(zip(proposals, processed, strict=True))
+
+
+def input_at(item: Item, position: int) -> int | None:
+    """The index of the forward's input at a logical position id, if one stands there."""
+    try:
+        return item.position_ids.index(position)
+    except ValueError:
+        return None
 
 
 def reuse_staged(cache: CausalCache, req: Request) -> None:

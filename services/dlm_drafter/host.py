@@ -23,7 +23,7 @@ class DrafterHost:
         return self.causal
 
     def propose(self, calls: list[Propose]) -> list[Reply]:
-        out = self.causal_drafter().propose_batch([(c.req, c.region) for c in calls])
+        out = self.causal_drafter().propose_batch([(c.req, c.region, c.ar_head) for c in calls])
         return [
             Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
             for c, (proposal, tokens) in zip(calls, out, strict=True)

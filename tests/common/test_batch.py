@@ -29,8 +29,9 @@ def test_drafter_batch_equals_single_forwards(tiny_zoo):
     single, batched = requests(drafter.loaded, "s"), requests(drafter.loaded, "b")
     for round_ in range(3):
         regions = [Region(0, 6), Region(0, 4)]
-        alone = [drafter.propose_batch([(r, g)])[0][0] for r, g in zip(single, regions, strict=True)]
-        together = [p for p, _ in drafter.propose_batch(list(zip(batched, regions, strict=True)))]
+        heads = [round_ % 2 == 0, True]  # the first mask from the clean token before it, or from itself
+        alone = [drafter.propose_batch([call])[0][0] for call in zip(single, regions, heads, strict=True)]
+        together = [p for p, _ in drafter.propose_batch(list(zip(batched, regions, heads, strict=True)))]
         for a, b in zip(alone, together, strict=True):
             torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=0)
             assert torch.equal(a.positions, b.positions) and torch.equal(a.ids, b.ids)

@@ -29,8 +29,11 @@ def engine_file(tmp_path, **engine) -> str:
         ({"engine": {}, "strateg": "slot"}, "'strateg'", "'engine.strategy'"),
         ({"engine": {"strateg": "slot"}}, "'strateg'", "'strategy'"),
         ({"engine": {"serving": {"redis_ur": "x"}}}, "'serving.redis_ur'", "'serving.redis_url'"),
-        ({"engine": {"serving": {"limits": {"max_new_token": 8}}}}, "'serving.limits.max_new_token'",
-         "'serving.limits.max_new_tokens'"),
+        (
+            {"engine": {"serving": {"limits": {"max_new_token": 8}}}},
+            "'serving.limits.max_new_token'",
+            "'serving.limits.max_new_tokens'",
+        ),
         ({"engine": {"models": {"guidr": "g"}}}, "'models.guidr'", "'models.guider'"),
     ],
     ids=["top level", "engine", "serving", "limits", "models role"],
@@ -109,7 +112,9 @@ def test_dlm_serve_keeps_the_configs_host_port_and_redis_unless_a_flag_is_given(
     assert serving() == SERVING
     assert serving("--port", "7000") == {**SERVING, "port": 7000}
     assert serving("--host", "127.0.0.1", "--redis", "redis://x:1/0") == {
-        **SERVING, "host": "127.0.0.1", "redis_url": "redis://x:1/0"
+        **SERVING,
+        "host": "127.0.0.1",
+        "redis_url": "redis://x:1/0",
     }
     environ = {"DLM_SERVING__PORT": "7001"}
     flags = serve_flags(parser.parse_args(["serve", "--port", "7002"]))

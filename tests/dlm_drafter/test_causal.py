@@ -5,6 +5,7 @@ from transformers import DynamicCache
 
 from services.common.kv_manager import KVManager
 from services.common.models import load_model
+from services.common.proposal import Region, never_mask
 from services.common.request import Request
 from services.dlm_drafter.causal import CausalDrafter
 
@@ -82,3 +83,27 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
     torch.testing.assert_close(joint[:3], uncached_logits(drafter, grouped, *spans[0]), atol=1e-4, rtol=0)
     torch.testing.assert_close(joint[3:], uncached_logits(drafter, grouped, *spans[1]), atol=1e-4, rtol=0)
     torch.testing.assert_close(alone, uncached_logits(drafter, plain, *window), atol=1e-4, rtol=0)
+
+
+def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
+    """With ar_head, the first mask's logits are the last commit's output on an uncached forward (the drafter's
+    next-token head); the other masks' are their own, as without it. Where the token before the first mask is
+    already cached, nothing reads its output: the mask's own is used."""
+    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    req = make_request(loaded)
+    req.decide(torch.arange(3), torch.tensor([40, 41, 42]))
+    req.commit([0, 1, 2])
+    region, mask_id = Region(3, 9), loaded.mask_id
+    masks = torch.full((6,), loaded.mask_id)
+    uncached = never_mask(uncached_logits(CausalDrafter(loaded, KVManager()), req, masks, torch.arange(3, 9)), mask_id)
+    drafter = CausalDrafter(loaded, KVManager())
+    ((head, _),) = drafter.propose_batch([(req, region, True)])
+    P = req.prompt_len
+    seq = torch.tensor(req.prompt_ids + [40, 41, 42])[None]
+    last = never_mask(
+        drafter.model(input_ids=seq, position_ids=torch.arange(P + 3)[None]).logits[0, -1].float(), mask_id
+    )
+    torch.testing.assert_close(head.logits[0], last, atol=1e-4, rtol=0)
+    torch.testing.assert_close(head.logits[1:], uncached[1:], atol=1e-4, rtol=0)
+    ((again, _),) = drafter.propose_batch([(req, region, True)])  # the commits are cached now
+    torch.testing.assert_close(again.logits, uncached, atol=1e-4, rtol=0)

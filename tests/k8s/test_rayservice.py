@@ -40,7 +40,8 @@ def test_the_orchestrator_runs_only_on_the_pod_whose_readiness_is_its_grpc_healt
     orchestrator = next(d for d in SERVE_CONFIG["applications"][0]["deployments"] if d["name"] == "orchestrator")
     (resource,) = orchestrator["ray_actor_options"]["resources"]
     offering = [
-        name for name, group in pod_groups().items()
+        name
+        for name, group in pod_groups().items()
         if resource in json.loads(json.loads(group["rayStartParams"].get("resources", '"{}"')))
     ]
     assert offering == ["orchestrator"]

@@ -161,9 +161,9 @@ class GuiderAgreement:
     probability) is decided. What the output follows:
 
     drafter  Alg. 1: the run is unmasked with the drafter's tokens, and where nothing agrees the first masked position
-             takes the drafter's token. With the filter's scores (the pipeline), the drafts the filter keeps are
-             decided too and count as agreeing, so the filter and the guider together decide how many drafter tokens
-             are accepted.
+             takes the drafter's token. With the filter's scores (the pipeline), the drafts the filter keeps count
+             as agreeing, so the filter and the guider together decide how long the accepted run of drafter tokens
+             is; a kept draft past the run's end is not decided (README, Strategies: it costs accuracy).
     guider   speculative decoding of the guider with the drafter drafting: where nothing agrees, the guider's token;
              bonus_token also decides the guider's token at the first disagreement; the drafts past the agreement
              that the filter keeps stay as tentative context for the next round.
@@ -189,19 +189,15 @@ class GuiderAgreement:
             in_topk = (verdict.topk[:, : self.k] == verdict.draft[:, None]).any(-1)
             match |= in_topk & (drafter_probs > self.tau * verdict.target_probs)
         if self.follow == "drafter":
-            return self.drafter_tokens(req, proposal, verdict, match, at)
+            return self.drafter_tokens(proposal, verdict, match, at)
         return self.guider_tokens(proposal, verdict, match)
 
-    def drafter_tokens(
-        self, req: Request, proposal: Proposal, verdict: Verdict, match: torch.Tensor, at: torch.Tensor
-    ) -> Decision:
-        kept = torch.zeros(len(at), dtype=torch.bool)
+    def drafter_tokens(self, proposal: Proposal, verdict: Verdict, match: torch.Tensor, at: torch.Tensor) -> Decision:
+        agree = match.clone()
         if verdict.filter_scores is not None:
-            kept = verdict.filter_scores > self.keep
-        agree = match | req.decided[verdict.positions]  # tokens the filter decided in earlier rounds stand
-        agree[at[kept]] = True
+            agree[at[verdict.filter_scores > self.keep]] = True
         n = int(agree.long().cumprod(0).sum())
-        accept = (at < n) | kept
+        accept = at < n  # past the first draft neither model vouches for, the guider's verdicts read a rejected token
         accept[0] = True  # i_1, the first masked position: the drafter's token even where nothing agrees
         logprobs = proposal.logprobs.take(accept) if proposal.logprobs is not None else None
         return Decision(proposal.positions[accept], proposal.ids[accept], logprobs=logprobs)

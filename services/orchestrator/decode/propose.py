@@ -9,13 +9,16 @@ from services.common.contract import ARForward, Call, Propose, ProposeBidirectio
 from services.common.proposal import Proposal, Region, propose_from_logits
 from services.common.request import Request
 
+FRONTIER_HEADS = ("ar", "mask")  # the causal drafter's two left-to-right decodes: a clean token's output, a mask's
+
 
 @dataclass(frozen=True, slots=True)
 class CausalPropose:
     keep_logits: bool = False  # the full distribution comes back only for gates that fuse it (credit)
+    ar_head: bool = False  # the frontier's draft from the drafter's next-token head (FRONTIER_HEADS)
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        (proposal,) = yield [Call(Role.DRAFTER, Propose(req, region, self.keep_logits))]
+        (proposal,) = yield [Call(Role.DRAFTER, Propose(req, region, self.keep_logits, self.ar_head))]
         return proposal
 
 

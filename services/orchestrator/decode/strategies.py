@@ -29,7 +29,7 @@ from services.orchestrator.decode.gate import (
     Threshold,
     TopN,
 )
-from services.orchestrator.decode.propose import ARPropose, BidirectionalPropose, CausalPropose
+from services.orchestrator.decode.propose import FRONTIER_HEADS, ARPropose, BidirectionalPropose, CausalPropose
 from services.orchestrator.decode.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
 from services.orchestrator.decode.verify import FilterVerify, GuiderVerify
 
@@ -122,10 +122,10 @@ class BlockParams:
         """IterSmooth's threshold schedule goes with iteration smoothing (001 A.1)."""
         return self.threshold_decay if self.smoothing else None
 
-    def proposer(self, catalog: Catalog, keep_logits: bool = False) -> Proposer:
+    def proposer(self, catalog: Catalog, keep_logits: bool = False, ar_head: bool = False) -> Proposer:
         need(catalog, "drafter" if self.drafter == "causal" else "drafter_bidirectional")
         if self.drafter == "causal":
-            return CausalPropose(keep_logits)
+            return CausalPropose(keep_logits, ar_head)
         vicinity = Vicinity(self.prefix_look, self.after_look, self.warmup_times)
         return BidirectionalPropose(self.cache, Smoothing() if self.smoothing else None, keep_logits, vicinity)
 
@@ -225,12 +225,14 @@ class GuidedParams(BlockParams):
     top_k_match: int = 1  # 003 Table 7's setting; Table 11 uses 2, which accepts wrong digits on the tasks
     guidance_threshold: float = 0.5
     follow: str = "drafter"  # whose tokens the output is (gate.py, GuiderAgreement): 003 Alg. 1's drafter, or guider
+    frontier_head: str = "ar"  # drafter=causal: the frontier's draft from its next-token head or its mask (propose.py)
 
     def __post_init__(self):
         BlockParams.__post_init__(self)
         check_positive("top_k_match", self.top_k_match)
         check_prob("guidance_threshold", self.guidance_threshold)
         check_choice("follow", self.follow, FOLLOW)
+        check_choice("frontier_head", self.frontier_head, FRONTIER_HEADS)
 
     def committer(self) -> Commit:
         """block_size is 003 Table 11's speculation block: the guider verifies that many drafts from the frontier, so
@@ -240,7 +242,8 @@ class GuidedParams(BlockParams):
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "guider")
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, False, follow=self.follow)
-        return self.stages(catalog, gate, GuiderVerify(self.top_k_match), "guider")
+        proposer = self.proposer(catalog, ar_head=self.frontier_head == "ar")
+        return Stages(proposer, gate, self.committer(), GuiderVerify(self.top_k_match), ("drafter", "guider"))
 
 
 @dataclass(slots=True)
@@ -294,8 +297,9 @@ class PipelineParams:
     top_k_match: int = 1  # 2 trades accuracy for acceptance (003 Table 11)
     guidance_threshold: float = 0.5
     bonus_token: bool = True  # follow=guider: the guider's token at the first disagreement
-    filter_threshold: float = 0.96
+    filter_threshold: float = 0.99  # 004's is 0.96: README, Strategies (measured against accuracy)
     follow: str = "drafter"
+    frontier_head: str = "ar"
 
     def __post_init__(self):
         check_positive("window", self.window)
@@ -303,6 +307,7 @@ class PipelineParams:
         check_prob("guidance_threshold", self.guidance_threshold)
         check_prob("filter_threshold", self.filter_threshold)
         check_choice("follow", self.follow, FOLLOW)
+        check_choice("frontier_head", self.frontier_head, FRONTIER_HEADS)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
@@ -311,7 +316,8 @@ class PipelineParams:
             self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold, self.follow
         )
         verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
-        return Stages(CausalPropose(), gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
+        propose = CausalPropose(ar_head=self.frontier_head == "ar")
+        return Stages(propose, gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {

@@ -75,6 +75,8 @@ def test_streams_survive_a_replica_killed_under_them(service, deployment):
     assert held >= 1 and all(reason in ended for _, reason, _ in disturbed)
     assert [ids for ids, _, _ in disturbed] == [ids for ids, _, _ in calm]
     added = sorted(d - c for (_, _, d), (_, _, c) in zip(disturbed, calm, strict=True))
-    print(f"\n{deployment} killed with {replicas[deployment]} replica(s), {held} of {STREAMS} streams on it: "
-          f"added latency p50 {added[len(added) // 2]:.2f} s, max {added[-1]:.2f} s")
+    print(
+        f"\n{deployment} killed with {replicas[deployment]} replica(s), {held} of {STREAMS} streams on it: "
+        f"added latency p50 {added[len(added) // 2]:.2f} s, max {added[-1]:.2f} s"
+    )
     assert app.requests.remote().result() == []

@@ -2,7 +2,8 @@
 
 follow=drafter (003 Alg. 1): the run of drafts the guider agrees with is unmasked with the drafter's tokens, and where
 nothing agrees the first masked position takes the drafter's token; in `pipeline` the drafts the Learn2PD filter keeps
-are decided too. follow=guider: speculative decoding of the guider, whose greedy decode is the output.
+count as agreeing. follow=guider: speculative decoding of the guider, whose greedy decode is the output. On the causal
+drafter the first masked position is drafted by its next-token head (frontier_head=ar) or by its mask (=mask).
 """
 
 from collections.abc import Callable
@@ -60,22 +61,22 @@ def decode(engine, strategy: str, params: dict, sampling: SamplingParams | None 
 def algorithm1(top1: Top1, conf: Conf, chunk: int, keep: float | None = None) -> tuple[list[int], list[int]]:
     """003 Alg. 1 with the scripted guider (GUIDER, whatever the context) verifying `chunk` positions from the first
     masked one; the drafter drafts every masked position of the chunk, top1(p, f) in round f. The run of positions
-    decided or agreeing (pipeline: or kept by the filter, score = probability > keep) is unmasked with the drafts,
-    and so are the other kept drafts; with no run, the first masked position. -> output, tokens decided per round."""
+    agreeing (pipeline: or kept by the filter, score = probability > keep) is unmasked with the drafts; with no run,
+    the first masked position. -> output, tokens decided per round."""
     tokens: dict[int, int] = {}
     per_round = []
     while len(tokens) < N:
         f = len(per_round)
         frontier = min(set(range(N)) - set(tokens))
         span = range(frontier, min(frontier + chunk, N))
-        drafts = {p: top1(p, f) for p in span if p not in tokens}
+        drafts = {p: top1(p, f) for p in span}
         kept = {p for p in drafts if keep is not None and conf(p, f) > keep}
         run = []
         for p in span:
-            if p not in tokens and p not in kept and drafts[p] != GUIDER[p]:
+            if p not in kept and drafts[p] != GUIDER[p]:
                 break
             run.append(p)
-        take = ({p for p in run if p not in tokens} | kept) or {frontier}
+        take = set(run) or {frontier}
         tokens |= {p: drafts[p] for p in take}
         per_round.append(len(take))
     return [tokens[p] for p in range(N)], per_round
@@ -83,7 +84,7 @@ def algorithm1(top1: Top1, conf: Conf, chunk: int, keep: float | None = None) ->
 
 @pytest.mark.parametrize("strategy,params,family", BOTH)
 def test_a_drafter_disagreeing_everywhere_gives_its_own_tokens_one_a_round_or_the_guiders(strategy, params, family):
-    """p 0.9 stays under the filter's 0.96: the pipeline's filter keeps nothing."""
+    """p 0.9 stays under the filter's 0.99: the pipeline's filter keeps nothing."""
     engine = engine_with(ScriptedLM(confident(OTHER, 0.9), len(PROMPT), family == "bidirectional"), family)
     drafter, _ = decode(engine, strategy, {**params, "follow": "drafter"})
     assert drafter.output_ids() == OTHER and drafter.stats.accepted == [1] * N
@@ -97,14 +98,14 @@ def shifting_top1(p: int, f: int) -> int:
 
 
 def shifting_conf(p: int, f: int) -> float:
-    return 0.99 if (p + 2 * f) % 5 == 0 else 0.9  # some drafts clear the filter's 0.96
+    return 0.995 if (p + 2 * f) % 5 == 0 else 0.9  # some drafts clear the filter's 0.99
 
 
 @pytest.mark.parametrize("strategy,params,family", BOTH)
 def test_follow_drafter_decides_each_token_as_the_drafters_top1_of_its_round(strategy, params, family):
     engine = engine_with(drafter_model(shifting_top1, shifting_conf, family), family)
     req, _ = decode(engine, strategy, {**params, "follow": "drafter"})
-    keep = 0.96 if strategy == "pipeline" else None
+    keep = 0.99 if strategy == "pipeline" else None
     chunk = params.get("window", params.get("block_size"))
     ids, per_round = algorithm1(shifting_top1, shifting_conf, chunk, keep)
     assert req.output_ids() == ids and req.stats.accepted == per_round
@@ -141,7 +142,7 @@ AGREES = GUIDER[:3] + [OTHER[3]] + GUIDER[4:]  # the guider rejects position 3 o
 
 def first_two_forwards(follow: str) -> tuple[ScriptedLM, Request]:
     """Round 1's drafts 0..7 are all above the filter's threshold but position 3's (0.9)."""
-    script = confident(AGREES)
+    script = confident(AGREES, 0.995)
     script[3] = row({AGREES[3]: 0.9})
     drafter = ScriptedLM(script, len(PROMPT))
     req, _ = decode(engine_with(drafter, "causal"), "pipeline", {"window": 8, "follow": follow})
@@ -149,7 +150,7 @@ def first_two_forwards(follow: str) -> tuple[ScriptedLM, Request]:
 
 
 def test_pipeline_follow_guider_keeps_the_filtered_drafts_as_context_for_the_next_forward():
-    """Round 1 decides 0..2 and the guider's bonus token at 3; drafts 4..7, kept (0.99 > 0.96), stand in the next
+    """Round 1 decides 0..2 and the guider's bonus token at 3; drafts 4..7, kept (0.995 > 0.99), stand in the next
     forward before its masks, as clean context, behind the commits."""
     drafter, req = first_two_forwards("guider")
     assert req.output_ids() == GUIDER
@@ -160,13 +161,40 @@ def test_pipeline_follow_guider_keeps_the_filtered_drafts_as_context_for_the_nex
     assert list(zip(ids[0].tolist(), positions, strict=True)) == expected
 
 
-def test_pipeline_follow_drafter_decides_the_filtered_drafts():
-    """Round 1 decides 0..2 (agreeing) and 4..7 (kept); 3, rejected by the guider and under the filter's threshold,
-    is the only mask left before the next forward's new masks 8..10."""
-    drafter, req = first_two_forwards("drafter")
-    assert req.output_ids() == AGREES and req.stats.accepted[0] == 7
+@pytest.mark.parametrize("confidence_at_3,decided", [(0.9, [0, 1, 2]), (0.995, list(range(8)))])
+def test_pipeline_follow_drafter_filter_extends_the_agreeing_run_and_decides_nothing_past_it(confidence_at_3, decided):
+    """Position 3 is rejected by the guider. Under the filter's threshold it ends the run: 0..2 are decided and the
+    kept drafts 4..7 past it are not (the next forward masks 3..10 behind the commits). Kept, it counts as agreeing:
+    0..7 are decided, 3 as the drafter's token."""
+    script = confident(AGREES)
+    script[3] = row({AGREES[3]: confidence_at_3})
+    drafter = ScriptedLM(script, len(PROMPT))
+    req, _ = decode(engine_with(drafter, "causal"), "pipeline", {"window": 8, "follow": "drafter"})
+    assert req.output_ids() == AGREES and req.stats.accepted[0] == len(decided)
     ids, _ = drafter.calls[1]
     positions, _ = drafter.positions[1]
-    expected = [(AGREES[p], len(PROMPT) + p) for p in (0, 1, 2, 4, 5, 6, 7)]
-    expected += [(MASK, len(PROMPT) + p) for p in (3, 8, 9, 10)]
+    frontier = len(decided)
+    expected = [(AGREES[p], len(PROMPT) + p) for p in decided]
+    expected += [(MASK, len(PROMPT) + p) for p in range(frontier, frontier + 8)]
     assert list(zip(ids[0].tolist(), positions, strict=True)) == expected
+
+
+# ---------------------------------------------------------------- the causal drafter's frontier head
+
+NEXT = [2 + (p + 20) % 30 for p in range(N)]  # what its next-token head says: neither OTHER's nor GUIDER's token
+
+
+@pytest.mark.parametrize("strategy,params", [(s, p) for s, p, family in BOTH if family == "causal"])
+@pytest.mark.parametrize("frontier_head,expected", [("ar", NEXT), ("mask", OTHER)])
+def test_the_frontier_draft_comes_from_the_drafters_next_token_head_or_its_mask(
+    strategy, params, frontier_head, expected
+):
+    """Masks predict OTHER and clean tokens predict NEXT of the position after them: with nothing agreeing, each
+    round decides the frontier's draft, from the clean token before it (the drafter's left-to-right decode) or from
+    its mask. Following the guider, the output is the guider's either way."""
+    drafter = ScriptedLM(confident(OTHER, 0.9), len(PROMPT), next_script=confident(NEXT, 0.9))
+    engine = engine_with(drafter, "causal")
+    req, _ = decode(engine, strategy, {**params, "follow": "drafter", "frontier_head": frontier_head})
+    assert req.output_ids() == expected and req.stats.accepted == [1] * N
+    guider, _ = decode(engine, strategy, {**params, "follow": "guider", "frontier_head": frontier_head})
+    assert guider.output_ids() == GUIDER

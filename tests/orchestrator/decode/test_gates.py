@@ -474,25 +474,15 @@ def test_follow_drafter_top2_accepts_the_drafters_token_the_guider_ranks_second(
     assert decided(decision) == [0, 1, 2] and decision.ids.tolist() == [20, 31, 22]
 
 
-def test_follow_drafter_with_the_filter_decides_the_kept_drafts_and_runs_through_them():
+def test_follow_drafter_with_the_filter_runs_through_kept_drafts_and_decides_none_past_the_run():
     """The run goes on through drafts the filter keeps (the filter and the guider decide how many drafter tokens are
-    accepted); kept drafts past the run are decided too."""
+    accepted); a kept draft past the run is not decided: past a draft neither vouches for, the guider's verdicts read
+    a rejected token."""
     gate = GuiderAgreement(1, 0.5, True, keep_threshold=0.96)
     target = [20, 21, 22, 23, 24, 25]
     draft = [20, 31, 22, 33, 34, 35]
     verdict = guider_verdict(0, draft, target, filter_scores=[0.5, 0.99, 0.5, 0.5, 0.97, 0.5])
     decision = gate(request(), Region(0, 6), drafts(0, draft), verdict)
     # run: 0 agrees, 1 kept, 2 agrees, 3 neither; 4 kept past the run
-    assert decided(decision) == [0, 1, 2, 4] and decision.ids.tolist() == [20, 31, 22, 34]
+    assert decided(decision) == [0, 1, 2] and decision.ids.tolist() == [20, 31, 22]
     assert decision.fill_positions.tolist() == []
-
-
-def test_follow_drafter_decided_positions_in_the_span_stand():
-    """A draft the filter decided in an earlier round is verified again by the guider; disagreeing, it still stands."""
-    req = request()
-    req.decide(torch.tensor([3]), torch.tensor([33]))
-    verdict = guider_verdict(2, [22, 33, 24], [22, 23, 24], filter_scores=[0.5, 0.5])
-    decision = GuiderAgreement(1, 0.5, True, 0.96)(
-        req, Region(2, 5), proposal([2, 4], [0.9, 0.9], ids=[22, 24]), verdict
-    )
-    assert decided(decision) == [2, 4]
