@@ -1,5 +1,6 @@
 """Exact KV cache of the causal drafter under topological reordering and out-of-order commits."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -107,3 +108,13 @@ def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
     torch.testing.assert_close(head.logits[1:], uncached[1:], atol=1e-4, rtol=0)
     ((again, _),) = drafter.propose_batch([(req, region, True)])  # the commits are cached now
     torch.testing.assert_close(again.logits, uncached, atol=1e-4, rtol=0)
+
+
+def test_a_model_that_is_not_a_causal_dlm_is_refused_by_name(tiny_zoo):
+    bidirectional = load_model(tiny_zoo["drafter_bidirectional"])
+    with pytest.raises(ValueError, match=f"drafter {bidirectional.path} is not a causal DLM"):
+        CausalDrafter(bidirectional, KVManager())
+    unmasked = load_model(tiny_zoo["drafter"])
+    unmasked.meta.mask_id = None
+    with pytest.raises(ValueError, match=f"drafter {unmasked.path} has no mask token"):
+        CausalDrafter(unmasked, KVManager())

@@ -486,3 +486,11 @@ def test_follow_drafter_with_the_filter_runs_through_kept_drafts_and_decides_non
     # run: 0 agrees, 1 kept, 2 agrees, 3 neither; 4 kept past the run
     assert decided(decision) == [0, 1, 2] and decision.ids.tolist() == [20, 31, 22]
     assert decision.fill_positions.tolist() == []
+
+
+def test_follow_drafter_filter_keeps_only_scores_above_its_threshold():
+    """004 Alg. 2 unmasks where the filter's score is > tau: a score equal to it does not lengthen the run."""
+    draft, target = [20, 31, 32], [20, 21, 22]
+    verdict = guider_verdict(0, draft, target, filter_scores=[0.9, 0.75, 0.5])
+    decision = GuiderAgreement(1, 0.5, True, keep_threshold=0.5)(request(), Region(0, 3), drafts(0, draft), verdict)
+    assert decided(decision) == [0, 1] and decision.ids.tolist() == [20, 31]
