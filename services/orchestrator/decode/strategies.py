@@ -59,7 +59,7 @@ def need(catalog: Catalog, *roles: str) -> None:
     for role in roles:
         if role not in catalog.roles:
             served = sorted(catalog.roles)
-            raise ValueError(f"model {role!r} is not served here (served: {served})")
+            raise ValueError(f"model {str(role)!r} is not served here (served: {served})")
 
 
 def check_filter_block(catalog: Catalog, drafter: str, name: str, size: int) -> None:
@@ -77,6 +77,11 @@ def check_prob(name: str, value: float) -> None:
 def check_positive(name: str, value: int) -> None:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 def check_choice(name: str, value: str, choices: tuple) -> None:
@@ -115,8 +120,7 @@ class BlockParams:
         check_choice("cache", self.cache, CACHE_MODES)
         check_prob("threshold_decay", self.threshold_decay)
         for name in ("prefix_look", "after_look", "warmup_times"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            check_non_negative(name, getattr(self, name))
 
     def decay(self) -> float | None:
         """IterSmooth's threshold schedule goes with iteration smoothing (001 A.1)."""
@@ -282,8 +286,8 @@ class StreamingParams:
 
     def __post_init__(self):
         check_positive("window", self.window)
-        if self.entropy_threshold < 0 or self.distance_penalty < 0:
-            raise ValueError("entropy_threshold and distance_penalty must be >= 0")
+        check_non_negative("entropy_threshold", self.entropy_threshold)
+        check_non_negative("distance_penalty", self.distance_penalty)
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter")

@@ -1,10 +1,13 @@
 """Every strategy on tiny random models of each family; invariants every output must keep."""
 
+from dataclasses import fields
+
 import pytest
 
+from services.common.contract import ROLES
 from services.common.proposal import Region
 from services.common.sampling import SamplingParams
-from services.orchestrator.decode.strategies import STRATEGIES
+from services.orchestrator.decode.strategies import STRATEGIES, make_params
 
 PROMPTS = ["count from 1 to 9:", "copy: the lazy dog", "def add(a, b):"]
 BLOCK = ["mdm", "threshold", "credit", "hierarchical", "learn2pd", "guided"]
@@ -33,6 +36,19 @@ def test_strategy_runs_and_keeps_invariants(engine, strategy, params):
     stats = req.stats.to_dict()
     assert stats["tokens"] == len(ids) + (req.finish_reason == "eos") and stats["rounds"] == len(events)
     assert 0 < stats["p_cache"] <= 1 and stats["tpf"] > 0
+    for role in ROLES.values():  # every cache the request held is released when it ends
+        if role.holds_kv and role.host in engine.executor.hosts:
+            assert req.id not in engine.executor.host(role.host).held(), role.host
+
+
+INVALID = {int: -1, float: -1.0, str: "bogus"}
+FIELDS = [(s, f.name, f.type) for s, cls in STRATEGIES.items() for f in fields(cls) if f.type in INVALID]
+
+
+@pytest.mark.parametrize("strategy,name,kind", FIELDS, ids=[f"{s}-{n}" for s, n, _ in FIELDS])
+def test_an_invalid_parameter_is_refused_naming_it(strategy, name, kind):
+    with pytest.raises(ValueError, match=f"^{name} "):
+        make_params(strategy, {name: INVALID[kind]})
 
 
 def test_credit_decodes_in_blocks_of_64(engine):
@@ -140,3 +156,38 @@ def test_guided_needs_fewer_rounds_where_drafter_and_guider_agree(engine, prompt
     list(engine.outputs(req))
     assert req.output_ids() == reference.token_ids
     assert req.stats.rounds == -(-req.horizon // 8) < len(reference.token_ids)
+
+
+class Served:
+    """A Catalog serving the given model roles, with filters of block 32."""
+
+    def __init__(self, roles):
+        self.roles = frozenset(roles)
+
+    def filter_block_size(self, drafter: str) -> int:
+        return 32
+
+
+CAUSAL, BIDIRECTIONAL = {"drafter": "causal"}, {"drafter": "bidirectional"}
+NEEDS = [  # the models each decode runs, written out from the strategies table (README, Strategies)
+    ("ar", {}, {"ar"}),
+    ("ar", {"model": "guider"}, {"guider"}),
+    ("ar", {"model": "drafter"}, {"drafter_ar"}),
+    *[(s, BIDIRECTIONAL, {"drafter_bidirectional"}) for s in ("mdm", "threshold", "credit", "hierarchical")],
+    *[(s, CAUSAL, {"drafter"}) for s in ("mdm", "threshold", "credit", "hierarchical")],
+    ("slot", {}, {"drafter"}),
+    ("streaming", {}, {"drafter"}),
+    ("learn2pd", BIDIRECTIONAL, {"drafter_bidirectional", "filter_bidirectional"}),
+    ("learn2pd", CAUSAL, {"drafter", "filter"}),
+    ("guided", BIDIRECTIONAL, {"drafter_bidirectional", "guider"}),
+    ("guided", CAUSAL, {"drafter", "guider"}),
+    ("pipeline", {}, {"drafter", "guider", "filter"}),
+]
+
+
+@pytest.mark.parametrize("strategy,params,needs", NEEDS, ids=[f"{s}-{'-'.join(p.values())}" for s, p, _ in NEEDS])
+def test_a_strategy_needs_exactly_the_models_it_runs(strategy, params, needs):
+    make_params(strategy, params).build(Served(needs))
+    for missing in needs:
+        with pytest.raises(ValueError, match=f"model '{missing}' is not served here"):
+            make_params(strategy, params).build(Served(needs - {missing}))
