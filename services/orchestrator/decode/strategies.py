@@ -348,9 +348,8 @@ def make_params(strategy: str, overrides: dict[str, Any] | None = None):
     for key, raw in (overrides or {}).items():
         if key not in kinds:
             raise ValueError(f"unknown parameter {key!r} for strategy {strategy!r}; known: {sorted(kinds)}")
-        kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kinds[key], kinds[key])
         try:
-            values[key] = parse_value(kind, raw)
+            values[key] = parse_value(kinds[key], raw)
         except ValueError as e:
             raise ValueError(f"parameter {key!r}: {e}") from None
     return cls(**values)

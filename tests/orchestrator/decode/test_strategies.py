@@ -191,3 +191,27 @@ def test_a_strategy_needs_exactly_the_models_it_runs(strategy, params, needs):
     for missing in needs:
         with pytest.raises(ValueError, match=f"model '{missing}' is not served here"):
             make_params(strategy, params).build(Served(needs - {missing}))
+
+
+@pytest.mark.parametrize(
+    "strategy,overrides,message",
+    [
+        ("nope", {}, r"unknown strategy 'nope'; choose from \['ar', 'credit', "),
+        (
+            "streaming",
+            {"windw": "4"},
+            r"unknown parameter 'windw' for strategy 'streaming'; known: \['distance_penalty', ",
+        ),
+        ("streaming", {"window": "four"}, r"parameter 'window': "),
+    ],
+)
+def test_make_params_names_what_is_wrong(strategy, overrides, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        make_params(strategy, overrides)
+
+
+def test_make_params_parses_set_strings_by_field_type():
+    params = make_params(
+        "pipeline", {"window": "8", "filter_threshold": "0.9", "bonus_token": "false", "follow": "guider"}
+    )
+    assert (params.window, params.filter_threshold, params.bonus_token, params.follow) == (8, 0.9, False, "guider")
