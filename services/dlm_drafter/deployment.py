@@ -16,7 +16,7 @@ class DrafterDeployment(ReplicaHost, DrafterHost):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         models = cfg.models
-        causal = load_model(models["drafter"], cfg.device, cfg.dtype, reordered=True) if "drafter" in models else None
+        causal = load_model(models["drafter"], cfg.device, cfg.dtype) if "drafter" in models else None
         full = models.get("drafter_bidirectional")
         bidirectional = load_model(full, cfg.device, cfg.dtype) if full else None
         super().__init__(causal, bidirectional)

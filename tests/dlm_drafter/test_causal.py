@@ -27,7 +27,7 @@ def make_request(loaded, n: int = 16) -> Request:
 
 
 def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     g = torch.Generator().manual_seed(0)
@@ -49,7 +49,7 @@ def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
 
 
 def test_isolated_spans_equal_separate_forwards(tiny_zoo):
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     forward(drafter, req, torch.full((2,), loaded.mask_id), torch.arange(2))
@@ -65,7 +65,7 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
     """A packed forward of two requests: one with commits not yet cached (pending) and two isolated spans, one plain.
     Each span sees its request's prompt, every commit in commit order (the pending ones included) and itself, as
     one uncached forward over that physical sequence does; the other request sees only its own."""
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     grouped, plain = make_request(loaded), Request("p", [6, 8, 10], 16, loaded.mask_id, loaded.eos_id)
     forward(drafter, grouped, torch.full((2,), loaded.mask_id), torch.arange(2))  # prompts cached
