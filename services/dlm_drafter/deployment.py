@@ -20,7 +20,7 @@ class DrafterDeployment(ReplicaHost, DrafterHost):
         full = models.get("drafter_bidirectional")
         bidirectional = load_model(full, cfg.device, cfg.dtype) if full else None
         super().__init__(causal, bidirectional)
-        self.start_telemetry(cfg.serving.kv_budget_tokens)
+        self.start_replica(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         drafter = self.causal or self.bidirectional

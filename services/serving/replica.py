@@ -2,6 +2,9 @@
 batched calls (services/common/contract.py), which records a stage span per call (a child of the call's round, tagged
 with this replica) and reports the replica's KV usage to Ray's metrics after each call."""
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 from ray import serve
 from ray.serve.metrics import Gauge
 
@@ -14,25 +17,35 @@ from services.common.tracing import stage_spans
 class ReplicaHost:
     kv: KVManager | None = None  # the host's KV manager, where it keeps per-request caches
 
-    def start_telemetry(self, kv_budget_tokens: int) -> None:
+    def start_replica(self, kv_budget_tokens: int) -> None:
         context = serve.get_replica_context()
         self.deployment, self.replica = context.deployment, context.replica_id.unique_id
         self.kv_budget = kv_budget_tokens
         self.kv_usage = Gauge("dlm_kv_cache_usage_perc", description="Fraction of the replica's KV budget cached")
+        # The host's calls and releases run one at a time on a thread of their own, as in process
+        # (engine/local_executor.py), rather than on the worker threads Serve gives a sync method, where two calls could
+        # touch the host's caches at once and the drafter's propose ran 5-17% slower (scripts/replica_forward.py).
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-host")
         self.report_kv()
 
-    def run(
+    async def run(
         self, method: str, args: list[Args], parents: list[str] | None = None, replica: str | None = None
     ) -> list[Reply]:
         """One batched host call; parents: each call's round traceparent, or None untraced; replica:
         where the orchestrator sent it (services/serving/replica_router.py), which may be gone."""
+        return await asyncio.get_running_loop().run_in_executor(self.worker, self.call, method, args, parents)
+
+    def call(self, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
         try:
             with stage_spans(self.deployment, method, parents, self.replica):
                 return getattr(self, method)(args)
         finally:
             self.report_kv()
 
-    def release(self, request_ids: list[str], replica: str | None = None) -> None:
+    async def release(self, request_ids: list[str], replica: str | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.worker, self.free, request_ids)
+
+    def free(self, request_ids: list[str]) -> None:
         super().release(request_ids)
         self.report_kv()
 

@@ -99,16 +99,19 @@ class Orchestrator:
             raise RuntimeError(f"model deployments down for over {grace} s: {down}")
 
 
+# OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after another,
+# so each replica may use every core while the others wait (a spinning one would hold a core). Two malloc arenas: with
+# glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger packed batches; with 2 it
+# stayed within 1% (tests/soak/soak.py).
+REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}
+
+
 def build_app(args: dict | None = None):
     """args: {"config": path to the dlm YAML}; the same file `dlm serve` reads."""
     cfg = EngineConfig.from_yaml((args or {}).get("config", DEFAULT_CONFIG))
     config, serving = asdict(cfg), cfg.serving
     quiet = {"log_level": "WARNING", "enable_access_log": False}  # a log line per call costs a hop's worth of CPU
-    # OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after
-    # another, so each replica may use every core while the others wait (a spinning one would hold a core).
-    # Two malloc arenas: with glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever
-    # larger packed batches; with 2 it stayed within 1% (tests/soak/soak.py).
-    passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}}
+    passive = {"env_vars": REPLICA_ENV}
     model = {
         "ray_actor_options": {
             "num_gpus": serving.num_gpus,
