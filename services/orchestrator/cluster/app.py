@@ -26,6 +26,7 @@ from services.orchestrator.cluster.remote_executor import RemoteExecutor
 from services.orchestrator.cluster.serve_logs import to_serve_log
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.telemetry import Telemetry
+from services.serving.direct import DirectHandle
 from services.serving.indexes import make_index
 from services.serving.replica_router import PinnedRouter
 from services.serving.security import api_key
@@ -41,7 +42,7 @@ class Orchestrator:
         to_serve_log(cfg.serving.log_level)
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
-        self.hosts = RemoteExecutor(cfg, handles)
+        self.hosts = RemoteExecutor(cfg, {role: DirectHandle(handle) for role, handle in handles.items()})
         self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
         admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
