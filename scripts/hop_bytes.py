@@ -1,18 +1,14 @@
 """Bytes a served round would send to the replicas and get back: the in-process engine on the shipped zoo, each call
-group's arguments and replies pickled as they cross a hop (services/serving/pickling.py), per round per request, and
-which fields of the request the arguments spend them on.
-`PYTHONPATH=. python scripts/hop_bytes.py [STRATEGY] [CONCURRENCY] [MAX_NEW_TOKENS]`"""
+group's arguments and replies pickled as they cross a hop (services/serving/pickling.py), per round per request.
+`PYTHONPATH=. python scripts/hop_bytes.py [STRATEGY] [CONCURRENCY] [greedy|seeded]` (48 new tokens each)"""
 
 import pickle
-import statistics
 import sys
-from collections import Counter
-from dataclasses import fields
 
 import services.serving.pickling  # noqa: F401  the hop's reducers
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.common.contract import Groups, Parents, Results
-from services.common.request import Request
+from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
 
@@ -20,44 +16,40 @@ PROMPTS = ["sort: 58 68 49 27 13 91 67", "add 366+558=", "count from 1 to 9:", "
 
 
 class Counting(LocalExecutor):
+    """The in-process hosts behind a pickled hop, as test_one_step's stand-in handles: each group's arguments and
+    replies cross as pickles, and are counted."""
+
     def __init__(self, config: EngineConfig):
         super().__init__(config)
-        self.out, self.back, self.fields = 0, 0, Counter()
+        self.out, self.back = 0, 0
 
     def run(self, groups: Groups, parents: Parents) -> Results:
-        results = super().run(groups, parents)
-        for key, args in groups.items():
-            self.out += len(pickle.dumps(args))
-            self.back += len(pickle.dumps(results[key]))
-            for call in args:
-                if hasattr(call, "req"):
-                    for f in fields(Request):
-                        self.fields[f.name] += len(pickle.dumps(getattr(call.req, f.name)))
-        return results
+        sent = {key: pickle.dumps(args) for key, args in groups.items()}
+        self.out += sum(map(len, sent.values()))
+        results = super().run({key: pickle.loads(data) for key, data in sent.items()}, parents)
+        back = {key: pickle.dumps(replies) for key, replies in results.items()}
+        self.back += sum(map(len, back.values()))
+        return {key: pickle.loads(data) for key, data in back.items()}
 
 
 def main() -> None:
     strategy = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
-    concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 48
+    concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    seeded = len(sys.argv) > 3 and sys.argv[3] == "seeded"
     config = EngineConfig.from_yaml(DEFAULT_CONFIG)
     executor = Counting(config)
     engine = Engine(config, executor)
-    reqs = [engine.request(PROMPTS[i % len(PROMPTS)], max_new) for i in range(concurrency)]
+    sampling = SamplingParams(temperature=0.8, seed=7) if seeded else SamplingParams()
+    reqs = [engine.request(PROMPTS[i % len(PROMPTS)], 48, sampling) for i in range(concurrency)]
     for req in reqs:
         engine.add(req, strategy)
     while engine.has_unfinished():
         engine.step()
-    rounds = sum(req.stats.rounds for req in reqs)
+    rounds = sum(len(req.stats.accepted) for req in reqs)
     print(
-        f"{strategy} c={concurrency}: {rounds} request-rounds, per request-round: "
+        f"{strategy} c={concurrency} {'seeded' if seeded else 'greedy'}: {rounds} request-rounds; per request-round "
         f"out {executor.out / rounds:.0f} B, back {executor.back / rounds:.0f} B"
     )
-    print(
-        "out, by request field: "
-        + ", ".join(f"{name} {n / rounds:.0f}" for name, n in executor.fields.most_common() if n / rounds >= 1)
-    )
-    print(f"median tokens per round {statistics.median(a for req in reqs for a in req.stats.accepted)}")
 
 
 if __name__ == "__main__":

@@ -51,11 +51,12 @@ def remote(engine, monkeypatch) -> RemoteExecutor:
     return RemoteExecutor(engine.config, {host: Handle(local.host(host)) for host in hosts})
 
 
+@pytest.mark.parametrize("sampling", [SEEDED, SamplingParams()], ids=["seeded", "greedy"])
 @pytest.mark.parametrize("strategy", ["pipeline", "slot", "threshold"])
-def test_step_over_the_remote_executor_gives_the_in_process_tokens(engine, remote, strategy):
+def test_step_over_the_remote_executor_gives_the_in_process_tokens(engine, remote, strategy, sampling):
     asyncio.run(remote.start())
-    local = Engine(engine.config).generate(PROMPT, strategy, max_new_tokens=16, sampling=SEEDED)
-    served = Engine(engine.config, remote).generate(PROMPT, strategy, max_new_tokens=16, sampling=SEEDED)
+    local = Engine(engine.config).generate(PROMPT, strategy, max_new_tokens=16, sampling=sampling)
+    served = Engine(engine.config, remote).generate(PROMPT, strategy, max_new_tokens=16, sampling=sampling)
     assert served.token_ids == local.token_ids
     assert served.stats["rounds"] == local.stats["rounds"]
     assert "propose" in remote.handles["drafter"].calls or "propose_bidirectional" in remote.handles["drafter"].calls
