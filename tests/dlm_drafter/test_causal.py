@@ -1,5 +1,6 @@
 """Exact KV cache of the causal drafter under topological reordering and out-of-order commits."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -82,3 +83,33 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
     torch.testing.assert_close(joint[:3], uncached_logits(drafter, grouped, *spans[0]), atol=1e-4, rtol=0)
     torch.testing.assert_close(joint[3:], uncached_logits(drafter, grouped, *spans[1]), atol=1e-4, rtol=0)
     torch.testing.assert_close(alone, uncached_logits(drafter, plain, *window), atol=1e-4, rtol=0)
+
+
+def speculate(drafter: CausalDrafter, req: Request, positions: torch.Tensor, ids: torch.Tensor) -> None:
+    """A speculative round (PEARL post-verify): the window taken as accepted, then the next window drafted on the
+    drafter's cache of the same request, before the guider has verified it."""
+    ahead = make_request(drafter.loaded, req.max_new_tokens)
+    ahead.decide(positions, ids)
+    ahead.commit(positions.tolist())
+    forward(drafter, ahead, torch.full((4,), drafter.loaded.mask_id), positions[-1] + 1 + torch.arange(4))
+
+
+@pytest.mark.parametrize("accepted", [False, True], ids=["rejected", "accepted"])
+def test_a_speculative_windows_kv_is_rolled_back_unless_its_window_was_accepted(tiny_zoo, accepted):
+    loaded = load_model(tiny_zoo["drafter"])
+    drafter = CausalDrafter(loaded, KVManager())
+    req = make_request(loaded)
+    forward(drafter, req, torch.full((4,), loaded.mask_id), torch.arange(4))
+    drafts = torch.tensor([31, 32, 33, 34])
+    speculate(drafter, req, torch.arange(4), drafts)
+    assert drafter.kv.held()["r"] == req.prompt_len + 4  # the speculative window's commits are cached
+    # the guider keeps the first two drafts and corrects the third, or accepts the window
+    kept = drafts if accepted else torch.tensor([31, 32, 90])
+    req.decide(torch.arange(len(kept)), kept)
+    req.commit(list(range(len(kept))))
+    window = torch.arange(len(kept), len(kept) + 4)
+    ids = torch.full((4,), loaded.mask_id)
+    [(cached, processed)] = drafter.forward_batch([(req, ids, window, None)])
+    torch.testing.assert_close(cached, uncached_logits(drafter, req, ids, window), atol=1e-4, rtol=0)
+    assert drafter.kv.held()["r"] == req.prompt_len + len(kept)
+    assert processed == len(ids) + (0 if accepted else 1)  # an accepted window's KV is kept: only the correction runs
