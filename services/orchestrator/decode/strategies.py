@@ -29,6 +29,7 @@ from services.orchestrator.decode.gate import (
     Threshold,
     TopN,
 )
+from services.orchestrator.decode.overlap import PostVerify
 from services.orchestrator.decode.propose import ARPropose, BidirectionalPropose, CausalPropose
 from services.orchestrator.decode.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
 from services.orchestrator.decode.verify import FilterVerify, GuiderVerify
@@ -296,6 +297,7 @@ class PipelineParams:
     bonus_token: bool = True  # follow=guider: the guider's token at the first disagreement
     filter_threshold: float = 0.96
     follow: str = "drafter"
+    overlap: bool = False  # draft the next window while the guider verifies this one (overlap.py)
 
     def __post_init__(self):
         check_positive("window", self.window)
@@ -310,8 +312,12 @@ class PipelineParams:
         gate = GuiderAgreement(
             self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold, self.follow
         )
-        verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
-        return Stages(CausalPropose(), gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
+        commit = Commit("frontier", self.window)
+        propose, verify = CausalPropose(), GuiderVerify(self.top_k_match, filter_drafter="causal")
+        if self.overlap:
+            post = PostVerify(propose, verify, commit)
+            propose, verify = post.propose, post.verify
+        return Stages(propose, gate, commit, verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {
