@@ -19,6 +19,14 @@ actors (after), in process again. Median ms:
   guider.verify (+ filter)            3.86            9.07 (together)  10.26 (together) 9.10
   last call -> round end              0.74            2.52             2.67         2.59
   round                              29.95           36.44            36.55        53.29
+The same at c=16 (285 rounds each; tok/s 1251 / 1004 / 1079 / 1466):
+  start -> first call                 0.73            8.89            14.08         0.65
+  drafter.propose                    57.07           26.75            36.74        54.53
+  gap (hop back, gate, hop out)       1.91           11.24             8.29         1.76
+  guider.verify (+ filter)           20.75           15.06 (together)  13.83 (together) 20.03
+  last call -> round end              5.08            4.77             5.12         4.74
+  round                              86.78           69.04            77.24        83.72
+(served, "start -> first call" includes the wait for the other micro-batch's call on the drafter's one host thread).
 The hops stay about 2.5-3 ms each way on the replicas' actors: the cost is the wake-ups of the orchestrator's loop and
 the replicas' threads on a loaded machine, not Serve's router."""
 
