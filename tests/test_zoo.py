@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.orchestrator.decode.strategies import STRATEGIES
@@ -48,3 +49,14 @@ def test_guided_top1_is_lossless_on_the_zoo(zoo_engine):
         speculative = {"top_k_match": 1, "follow": "guider"}
         assert zoo_engine.generate(prompt, "guided", speculative).token_ids == reference.token_ids
         assert zoo_engine.generate(prompt, "pipeline", speculative).token_ids == reference.token_ids
+
+
+def test_pipeline_decodes_in_bfloat16_batched():
+    engine = Engine(EngineConfig.from_yaml(DEFAULT_CONFIG, max_new_tokens=24, dtype="bfloat16"))
+    answers = {"sort: 42 7 19 88 3 55": "3 7 19 42 55 88", "reverse: a b c d e": "e d c b a", "add 366+558=": "0924"}
+    requests = [engine.add_request(prompt, "pipeline") for prompt in answers]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.executor.load("drafter").model.dtype == engine.executor.load("guider").model.dtype == torch.bfloat16
+    assert [engine.decode_text(r.output_ids()) for r in requests] == list(answers.values())
+    assert all(r.stats.guider_forwards for r in requests)

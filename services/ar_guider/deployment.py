@@ -15,7 +15,7 @@ class GuiderDeployment(ReplicaHost, GuiderHost):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         super().__init__(load_model(cfg.path(role), cfg.device, cfg.dtype))
-        self.start_telemetry(cfg.serving.kv_budget_tokens)
+        self.start_replica(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         torch.ones(1, device=self.guider.model.device).add_(1)

@@ -1,6 +1,5 @@
 """Load transformers causal LMs from local directories: drafters, guiders and AR baselines alike."""
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -75,18 +74,13 @@ def load_meta(path: str) -> ModelMeta:
     return ModelMeta(path, tokenizer, mask_id, int(eos_id), max_length, bidirectional, shift)
 
 
-def attention_backend(device: str, reordered: bool) -> str:
-    # flash-attn varlen treats non-monotonic position ids as packed sequences, so reordered forwards stay on SDPA.
-    if device.startswith("cuda") and not reordered and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return PACKED_SDPA
-
-
-def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered: bool = False) -> LoadedModel:
+def load_model(path: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     meta = load_meta(path)
-    model = checkpoints.load_causal_lm(path, DTYPES[dtype], attention_backend(device, reordered or meta.bidirectional))
+    # Every forward on every device runs packed_sdpa: flash-attn's varlen path would read a packed row's requests as
+    # one sequence (it ignores the segments), and SDPA picks a fused kernel itself on CUDA.
+    model = checkpoints.load_causal_lm(path, DTYPES[dtype], PACKED_SDPA)
     if meta.bidirectional:
         make_bidirectional(model)
     model.to(device).eval()
@@ -94,7 +88,7 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32", reordered
 
 
 def make_bidirectional(model: PreTrainedModel) -> None:
-    # transformers builds a bidirectional mask when config.is_causal is False; SDPA/flash read module.is_causal.
+    # transformers builds a bidirectional mask when config.is_causal is False; SDPA reads module.is_causal.
     model.config.is_causal = False
     for module in model.modules():
         if hasattr(module, "is_causal"):

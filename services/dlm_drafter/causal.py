@@ -9,15 +9,19 @@ ReFusion's KV reuse (000 §4.2, C.3): a forward asked to stage its new tokens' K
 made before the request's next forward take that KV instead of being recomputed as pending commits. A token staged
 inside an isolated span attended to the cache and its span only, not to the slots committed with it: the paper's
 approximation. Staged KV lives one round: the next forward of the request uses what it can and drops it.
+
+The cache checks its commits against the request at every forward and drops those the request no longer holds, with
+every later one: a speculative round (PEARL's post-verify, drafted before its window was verified) whose window was
+rejected leaves the KV exactly as if it had never been drafted.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from services.common.batch import Item, forward
-from services.common.kv import append, cache_len
+from services.common.kv import append, cache_len, truncate
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal, Region, propose_from_logits
@@ -36,8 +40,18 @@ class Staged:
 @dataclass(slots=True)
 class CausalCache:
     kv: DynamicCache
-    committed: int = 0  # how many of req.order are in kv
+    positions: list[int] = field(default_factory=list)  # the commits in kv, in order (a prefix of req.order)
+    tokens: list[int] = field(default_factory=list)  # the token each was computed from
     staged: Staged | None = None
+
+    @property
+    def committed(self) -> int:
+        """How many of req.order are in kv."""
+        return len(self.positions)
+
+    def add(self, positions: list[int], tokens: list[int]) -> None:
+        self.positions += positions
+        self.tokens += tokens
 
 
 def new_cache() -> CausalCache:
@@ -63,15 +77,16 @@ class CausalDrafter:
         stage: keep the KV of ids for the next forward (000 §4.2 KV reuse).
         -> the forward's Item, and the token instances it processes past the prompt's prefill (p_cache's N_fwd)."""
         cache = self.kv.get(req, new_cache)
+        roll_back(cache, req)
         reuse_staged(cache, req)
         pending = req.order[cache.committed :]
-        prefix_ids = req.tokens[pending].tolist()
+        pending_ids = prefix_ids = req.tokens[pending].tolist()
         prefix_pos = [req.prompt_len + p for p in pending]
         processed = len(pending) + len(ids)
         if cache_len(cache.kv) == 0:
             prefix_ids, prefix_pos = req.prompt_ids + prefix_ids, list(range(req.prompt_len)) + prefix_pos
             processed = len(ids)
-        cache.committed = len(req.order)
+        cache.add(pending, pending_ids)
         n = len(prefix_ids)
         if groups is not None:
             groups = torch.cat([torch.full((n,), -1), groups])
@@ -104,6 +119,8 @@ class CausalDrafter:
             known = req.decided | req.filled
             masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
             ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
+            if ar_head and len(masked):  # the head reads the output of the token before the first mask: it must run
+                uncache(self.kv.get(req, new_cache), req, int(masked[0]) - 1)
             item, tokens = self.item(req, ids, torch.cat([context, masked]), None)
             head = input_at(item, req.prompt_len + int(masked[0]) - 1) if ar_head and len(masked) else None
             if head is not None:
@@ -130,6 +147,33 @@ def input_at(item: Item, position: int) -> int | None:
         return None
 
 
+def roll_back(cache: CausalCache, req: Request) -> None:
+    """Keep the KV of the longest run of cached commits that the request still holds, in order and with the same
+    tokens; drop the rest (a rejected speculative window's)."""
+    n = cache.committed
+    if req.order[:n] == cache.positions and req.tokens[cache.positions].tolist() == cache.tokens:
+        return
+    keep = 0
+    for position, token, p in zip(cache.positions, cache.tokens, req.order, strict=False):
+        if position != p or token != int(req.tokens[p]):
+            break
+        keep += 1
+    drop_from(cache, req, keep)
+
+
+def uncache(cache: CausalCache, req: Request, position: int) -> None:
+    """Drop the cached commit at a generation position, and every later one, so that they run in the next forward
+    again (a speculative forward cached the commit whose output the AR head reads)."""
+    if position in cache.positions:
+        drop_from(cache, req, cache.positions.index(position))
+
+
+def drop_from(cache: CausalCache, req: Request, keep: int) -> None:
+    """Keep the KV of the first `keep` cached commits (and the prompt's)."""
+    truncate(cache.kv, req.prompt_len + keep)
+    del cache.positions[keep:], cache.tokens[keep:]
+
+
 def reuse_staged(cache: CausalCache, req: Request) -> None:
     """Move into the cache the staged KV of the commits made since it was staged, in commit order, as far as the
     staged entries hold them with the token they were computed from; the commits past that stay pending."""
@@ -145,4 +189,4 @@ def reuse_staged(cache: CausalCache, req: Request) -> None:
         take.append(i)
     if take:
         append(cache.kv, staged.kv, torch.tensor(take))
-        cache.committed += len(take)
+        cache.add([staged.positions[i] for i in take], [staged.ids[i] for i in take])

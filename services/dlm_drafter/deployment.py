@@ -16,11 +16,11 @@ class DrafterDeployment(ReplicaHost, DrafterHost):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         models = cfg.models
-        causal = load_model(models["drafter"], cfg.device, cfg.dtype, reordered=True) if "drafter" in models else None
+        causal = load_model(models["drafter"], cfg.device, cfg.dtype) if "drafter" in models else None
         full = models.get("drafter_bidirectional")
         bidirectional = load_model(full, cfg.device, cfg.dtype) if full else None
         super().__init__(causal, bidirectional)
-        self.start_telemetry(cfg.serving.kv_budget_tokens)
+        self.start_replica(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         drafter = self.causal or self.bidirectional

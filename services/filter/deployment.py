@@ -14,7 +14,7 @@ class FilterDeployment(ReplicaHost, FilterHost):
         cfg = EngineConfig(**config)
         replica_threads(cfg)
         super().__init__(configured_filters(cfg.models))
-        self.start_telemetry(cfg.serving.kv_budget_tokens)
+        self.start_replica(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
         for f in self.filters.values():

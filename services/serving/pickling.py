@@ -3,7 +3,8 @@ about ten times faster than torch's own reduce, and the orchestrator pays it on 
 
 Importing this module registers the reducers in copyreg's dispatch table, which pickle, copy and Ray's cloudpickle
 consult before a class's own reduce; every module that sends these classes across a hop imports it. The classes
-themselves stay plain slotted dataclasses of services/common, which knows nothing of serving.
+themselves stay plain slotted dataclasses of services/common, which knows nothing of serving. A request's RNG
+crosses only with a call whose host samples from it.
 """
 
 import copyreg
@@ -13,7 +14,7 @@ from typing import get_args
 import numpy as np
 import torch
 
-from services.common.contract import Args, Reply
+from services.common.contract import Args, Propose, ProposeBidirectional, Reply
 from services.common.proposal import Decision, Proposal, TokenLogprobs, Verdict
 from services.common.request import Request
 
@@ -61,12 +62,37 @@ def reduce(obj) -> tuple:
     return restore, (type(obj), {f.name: pack(getattr(obj, f.name)) for f in fields(obj)})
 
 
-def compact(cls: type) -> type:
-    """Pickle this slotted dataclass (holding CPU tensors or generators) compactly from now on; returns cls."""
-    copyreg.pickle(cls, reduce)
-    return cls
+class _WithoutRNG:
+    """A call's request that crosses without its RNG: its host draws nothing from it."""
 
+    __slots__ = ("req",)
+
+    def __init__(self, req: Request):
+        self.req = req
+
+
+def reduce_request(req: Request, rng: bool = True) -> tuple:
+    """As reduce, but the RNG crosses only to a host that draws from it (a proposal's sampling, sampling.choose) and
+    never for a greedy request: its state is 5 KB, most of what a round sends (scripts/hop_bytes.py); the host's Reply
+    then brings none back."""
+    state = {f.name: pack(getattr(req, f.name)) for f in fields(req) if f.name != "generator"}
+    state["generator"] = pack(req.generator) if rng and not req.sampling.greedy else None
+    return restore, (Request, state)
+
+
+def reduce_args(args: Args) -> tuple:
+    state = {f.name: pack(getattr(args, f.name)) for f in fields(args)}
+    if "req" in state and not isinstance(args, DRAWS):
+        state["req"] = _WithoutRNG(args.req)
+    return restore, (type(args), state)
+
+
+DRAWS = (Propose, ProposeBidirectional)  # the calls whose host samples from the request's RNG
 
 # what the stages send across a hop, and what the hosts send back
-for cls in (Request, Proposal, Verdict, Decision, Reply, TokenLogprobs, *get_args(Args)):
-    compact(cls)
+for cls in (Proposal, Verdict, Decision, Reply, TokenLogprobs):
+    copyreg.pickle(cls, reduce)
+for cls in get_args(Args):
+    copyreg.pickle(cls, reduce_args)
+copyreg.pickle(Request, reduce_request)
+copyreg.pickle(_WithoutRNG, lambda without: reduce_request(without.req, rng=False))

@@ -25,7 +25,7 @@ def requests(loaded, tag: str) -> list[Request]:
 
 def test_drafter_batch_equals_single_forwards(tiny_zoo):
     kv = KVManager()
-    drafter = CausalDrafter(load_model(tiny_zoo["drafter"], reordered=True), kv)
+    drafter = CausalDrafter(load_model(tiny_zoo["drafter"]), kv)
     single, batched = requests(drafter.loaded, "s"), requests(drafter.loaded, "b")
     for round_ in range(3):
         regions = [Region(0, 6), Region(0, 4)]

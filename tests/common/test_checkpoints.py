@@ -306,7 +306,7 @@ def test_qwen3_dlm_with_tokenizer_mask_loads_and_streams(ckpt):
 
 def test_wedlm_layout_loads_as_qwen3(ckpt):
     path = ckpt["paths"]["wedlm"]
-    loaded = load_model(path, reordered=True)
+    loaded = load_model(path)
     assert type(loaded.model) is Qwen3ForCausalLM and not loaded.bidirectional
     assert loaded.mask_id == ckpt["tok"].mask_token_id and loaded.meta.logits_shift == 0
     with torch.no_grad():
@@ -320,7 +320,7 @@ def test_wedlm_without_qk_norm_loads_as_qwen2(ckpt, tmp_path):
     torch.manual_seed(17)
     native = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), tie_word_embeddings=False, **SIZES, **special(tok)))
     write_wedlm(str(tmp_path), tok, native.eval())
-    loaded = load_model(str(tmp_path), reordered=True)
+    loaded = load_model(str(tmp_path))
     assert type(loaded.model) is Qwen2ForCausalLM and not loaded.bidirectional
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(input_ids=IDS).logits, native(input_ids=IDS).logits, atol=1e-5, rtol=0)

@@ -29,7 +29,7 @@ def make_request(loaded, n: int = 16) -> Request:
 
 
 def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     g = torch.Generator().manual_seed(0)
@@ -51,7 +51,7 @@ def test_window_logits_on_cache_equal_uncached_forward(tiny_zoo):
 
 
 def test_isolated_spans_equal_separate_forwards(tiny_zoo):
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     req = make_request(loaded)
     forward(drafter, req, torch.full((2,), loaded.mask_id), torch.arange(2))
@@ -67,7 +67,7 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
     """A packed forward of two requests: one with commits not yet cached (pending) and two isolated spans, one plain.
     Each span sees its request's prompt, every commit in commit order (the pending ones included) and itself, as
     one uncached forward over that physical sequence does; the other request sees only its own."""
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    loaded = load_model(tiny_zoo["drafter"])
     drafter = CausalDrafter(loaded, KVManager())
     grouped, plain = make_request(loaded), Request("p", [6, 8, 10], 16, loaded.mask_id, loaded.eos_id)
     forward(drafter, grouped, torch.full((2,), loaded.mask_id), torch.arange(2))  # prompts cached
@@ -89,8 +89,8 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
 def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
     """With ar_head, the first mask's logits are the last commit's output on an uncached forward (the drafter's
     next-token head); the other masks' are their own, as without it. Where the token before the first mask is
-    already cached, nothing reads its output: the mask's own is used."""
-    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    already cached, it runs again for its output."""
+    loaded = load_model(tiny_zoo["drafter"])
     req = make_request(loaded)
     req.decide(torch.arange(3), torch.tensor([40, 41, 42]))
     req.commit([0, 1, 2])
@@ -106,8 +106,9 @@ def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
     )
     torch.testing.assert_close(head.logits[0], last, atol=1e-4, rtol=0)
     torch.testing.assert_close(head.logits[1:], uncached[1:], atol=1e-4, rtol=0)
-    ((again, _),) = drafter.propose_batch([(req, region, True)])  # the commits are cached now
-    torch.testing.assert_close(again.logits, uncached, atol=1e-4, rtol=0)
+    ((again, tokens),) = drafter.propose_batch([(req, region, True)])  # the commits are cached now
+    torch.testing.assert_close(again.logits, head.logits, atol=1e-4, rtol=0)
+    assert tokens == 1 + 6  # the last commit runs again, for its output: the KV before it is reused
 
 
 def test_a_model_that_is_not_a_causal_dlm_is_refused_by_name(tiny_zoo):
@@ -118,3 +119,33 @@ def test_a_model_that_is_not_a_causal_dlm_is_refused_by_name(tiny_zoo):
     unmasked.meta.mask_id = None
     with pytest.raises(ValueError, match=f"drafter {unmasked.path} has no mask token"):
         CausalDrafter(unmasked, KVManager())
+
+
+def speculate(drafter: CausalDrafter, req: Request, positions: torch.Tensor, ids: torch.Tensor) -> None:
+    """A speculative round (PEARL post-verify): the window taken as accepted, then the next window drafted on the
+    drafter's cache of the same request, before the guider has verified it."""
+    ahead = make_request(drafter.loaded, req.max_new_tokens)
+    ahead.decide(positions, ids)
+    ahead.commit(positions.tolist())
+    forward(drafter, ahead, torch.full((4,), drafter.loaded.mask_id), positions[-1] + 1 + torch.arange(4))
+
+
+@pytest.mark.parametrize("accepted", [False, True], ids=["rejected", "accepted"])
+def test_a_speculative_windows_kv_is_rolled_back_unless_its_window_was_accepted(tiny_zoo, accepted):
+    loaded = load_model(tiny_zoo["drafter"])
+    drafter = CausalDrafter(loaded, KVManager())
+    req = make_request(loaded)
+    forward(drafter, req, torch.full((4,), loaded.mask_id), torch.arange(4))
+    drafts = torch.tensor([31, 32, 33, 34])
+    speculate(drafter, req, torch.arange(4), drafts)
+    assert drafter.kv.held()["r"] == req.prompt_len + 4  # the speculative window's commits are cached
+    # the guider keeps the first two drafts and corrects the third, or accepts the window
+    kept = drafts if accepted else torch.tensor([31, 32, 90])
+    req.decide(torch.arange(len(kept)), kept)
+    req.commit(list(range(len(kept))))
+    window = torch.arange(len(kept), len(kept) + 4)
+    ids = torch.full((4,), loaded.mask_id)
+    [(cached, processed)] = drafter.forward_batch([(req, ids, window, None)])
+    torch.testing.assert_close(cached, uncached_logits(drafter, req, ids, window), atol=1e-4, rtol=0)
+    assert drafter.kv.held()["r"] == req.prompt_len + len(kept)
+    assert processed == len(ids) + (0 if accepted else 1)  # an accepted window's KV is kept: only the correction runs

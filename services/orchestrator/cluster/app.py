@@ -26,6 +26,7 @@ from services.orchestrator.cluster.remote_executor import RemoteExecutor
 from services.orchestrator.cluster.serve_logs import to_serve_log
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.telemetry import Telemetry
+from services.serving.direct import DirectHandle
 from services.serving.indexes import make_index
 from services.serving.replica_router import PinnedRouter
 from services.serving.security import api_key
@@ -41,7 +42,7 @@ class Orchestrator:
         to_serve_log(cfg.serving.log_level)
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
-        self.hosts = RemoteExecutor(cfg, handles)
+        self.hosts = RemoteExecutor(cfg, {role: DirectHandle(handle) for role, handle in handles.items()})
         self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
         admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
@@ -99,16 +100,19 @@ class Orchestrator:
             raise RuntimeError(f"model deployments down for over {grace} s: {down}")
 
 
+# OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after another,
+# so each replica may use every core while the others wait (a spinning one would hold a core). Two malloc arenas: with
+# glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger packed batches; with 2 it
+# stayed within 1% (tests/soak/soak.py).
+REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}
+
+
 def build_app(args: dict | None = None):
     """args: {"config": path to the dlm YAML}; the same file `dlm serve` reads."""
     cfg = EngineConfig.from_yaml((args or {}).get("config", DEFAULT_CONFIG))
     config, serving = asdict(cfg), cfg.serving
     quiet = {"log_level": "WARNING", "enable_access_log": False}  # a log line per call costs a hop's worth of CPU
-    # OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after
-    # another, so each replica may use every core while the others wait (a spinning one would hold a core).
-    # Two malloc arenas: with glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever
-    # larger packed batches; with 2 it stayed within 1% (tests/soak/soak.py).
-    passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}}
+    passive = {"env_vars": REPLICA_ENV}
     model = {
         "ray_actor_options": {
             "num_gpus": serving.num_gpus,

@@ -29,6 +29,7 @@ from services.orchestrator.decode.gate import (
     Threshold,
     TopN,
 )
+from services.orchestrator.decode.overlap import PostVerify
 from services.orchestrator.decode.propose import FRONTIER_HEADS, ARPropose, BidirectionalPropose, CausalPropose
 from services.orchestrator.decode.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
 from services.orchestrator.decode.verify import FilterVerify, GuiderVerify
@@ -304,6 +305,7 @@ class PipelineParams:
     filter_threshold: float = 0.99  # 004's is 0.96: README, Strategies (measured against accuracy)
     follow: str = "drafter"
     frontier_head: str = "ar"
+    overlap: bool = False  # draft the next window while the guider verifies this one (overlap.py)
 
     def __post_init__(self):
         check_positive("window", self.window)
@@ -319,9 +321,13 @@ class PipelineParams:
         gate = GuiderAgreement(
             self.top_k_match, self.guidance_threshold, self.bonus_token, self.filter_threshold, self.follow
         )
-        verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
+        commit = Commit("frontier", self.window)
         propose = CausalPropose(ar_head=self.frontier_head == "ar")
-        return Stages(propose, gate, Commit("frontier", self.window), verify, ("drafter", "guider"))
+        verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
+        if self.overlap:
+            post = PostVerify(propose, verify, commit)
+            propose, verify = post.propose, post.verify
+        return Stages(propose, gate, commit, verify, ("drafter", "guider"))
 
 
 STRATEGIES: dict[str, type] = {

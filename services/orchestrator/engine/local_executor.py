@@ -28,8 +28,7 @@ class LocalExecutor:
 
     def load(self, model: str) -> LoadedModel:
         if model not in self.loaded:
-            reordered = model == "drafter"
-            self.loaded[model] = load_model(self.config.path(model), self.config.device, self.config.dtype, reordered)
+            self.loaded[model] = load_model(self.config.path(model), self.config.device, self.config.dtype)
         return self.loaded[model]
 
     def host(self, name: str) -> Host:

@@ -121,7 +121,7 @@ def staged_request(committed: list[int], ids: list[int]) -> Request:
 def staged_cache(order: int = 0, round_: int = 2) -> CausalCache:
     """Prompt cached; slots 4..7 and 0..3 staged by a forward of round 2 (of the request's rounds so far)."""
     ids = [40, 41, 42, 43, 30, 31, 32, 33]
-    return CausalCache(cache_of(PROMPT), 0, Staged(cache_of(ids), [4, 5, 6, 7, 0, 1, 2, 3], ids, order, round_))
+    return CausalCache(cache_of(PROMPT), staged=Staged(cache_of(ids), [4, 5, 6, 7, 0, 1, 2, 3], ids, order, round_))
 
 
 def test_commits_take_their_staged_kv_in_commit_order():

@@ -51,14 +51,26 @@ def remote(engine, monkeypatch) -> RemoteExecutor:
     return RemoteExecutor(engine.config, {host: Handle(local.host(host)) for host in hosts})
 
 
+@pytest.mark.parametrize("sampling", [SEEDED, SamplingParams()], ids=["seeded", "greedy"])
 @pytest.mark.parametrize("strategy", ["pipeline", "slot", "threshold"])
-def test_step_over_the_remote_executor_gives_the_in_process_tokens(engine, remote, strategy):
+def test_step_over_the_remote_executor_gives_the_in_process_tokens(engine, remote, strategy, sampling):
     asyncio.run(remote.start())
-    local = Engine(engine.config).generate(PROMPT, strategy, max_new_tokens=16, sampling=SEEDED)
-    served = Engine(engine.config, remote).generate(PROMPT, strategy, max_new_tokens=16, sampling=SEEDED)
+    local = Engine(engine.config).generate(PROMPT, strategy, max_new_tokens=16, sampling=sampling)
+    served = Engine(engine.config, remote).generate(PROMPT, strategy, max_new_tokens=16, sampling=sampling)
     assert served.token_ids == local.token_ids
     assert served.stats["rounds"] == local.stats["rounds"]
     assert "propose" in remote.handles["drafter"].calls or "propose_bidirectional" in remote.handles["drafter"].calls
+
+
+@pytest.mark.parametrize("sampling", [SEEDED, SamplingParams()], ids=["seeded", "greedy"])
+def test_overlap_over_the_remote_executor_gives_the_in_process_tokens_without_it(engine, remote, sampling):
+    """The speculative proposal crosses the hop with its own RNG (seeded), or none (greedy)."""
+    asyncio.run(remote.start())
+    off = Engine(engine.config).generate(PROMPT, "pipeline", {"overlap": False}, max_new_tokens=24, sampling=sampling)
+    on = Engine(engine.config, remote).generate(
+        PROMPT, "pipeline", {"overlap": True}, max_new_tokens=24, sampling=sampling
+    )
+    assert on.token_ids == off.token_ids
 
 
 @pytest.mark.parametrize("executor", ["local", "remote"])

@@ -1,0 +1,56 @@
+"""Bytes a served round would send to the replicas and get back: the in-process engine on the shipped zoo, each call
+group's arguments and replies pickled as they cross a hop (services/serving/pickling.py), per round per request.
+`PYTHONPATH=. python scripts/hop_bytes.py [STRATEGY] [CONCURRENCY] [greedy|seeded]` (48 new tokens each)"""
+
+import pickle
+import sys
+
+import services.serving.pickling  # noqa: F401  the hop's reducers
+from services.common.config import DEFAULT_CONFIG, EngineConfig
+from services.common.contract import Groups, Parents, Results
+from services.common.sampling import SamplingParams
+from services.orchestrator.engine.engine import Engine
+from services.orchestrator.engine.local_executor import LocalExecutor
+
+PROMPTS = ["sort: 58 68 49 27 13 91 67", "add 366+558=", "count from 1 to 9:", "reverse: a b c d e f"]
+
+
+class Counting(LocalExecutor):
+    """The in-process hosts behind a pickled hop, as test_one_step's stand-in handles: each group's arguments and
+    replies cross as pickles, and are counted."""
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        self.out, self.back = 0, 0
+
+    def run(self, groups: Groups, parents: Parents) -> Results:
+        sent = {key: pickle.dumps(args) for key, args in groups.items()}
+        self.out += sum(map(len, sent.values()))
+        results = super().run({key: pickle.loads(data) for key, data in sent.items()}, parents)
+        back = {key: pickle.dumps(replies) for key, replies in results.items()}
+        self.back += sum(map(len, back.values()))
+        return {key: pickle.loads(data) for key, data in back.items()}
+
+
+def main() -> None:
+    strategy = sys.argv[1] if len(sys.argv) > 1 else "pipeline"
+    concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    seeded = len(sys.argv) > 3 and sys.argv[3] == "seeded"
+    config = EngineConfig.from_yaml(DEFAULT_CONFIG)
+    executor = Counting(config)
+    engine = Engine(config, executor)
+    sampling = SamplingParams(temperature=0.8, seed=7) if seeded else SamplingParams()
+    reqs = [engine.request(PROMPTS[i % len(PROMPTS)], 48, sampling) for i in range(concurrency)]
+    for req in reqs:
+        engine.add(req, strategy)
+    while engine.has_unfinished():
+        engine.step()
+    rounds = sum(len(req.stats.accepted) for req in reqs)
+    print(
+        f"{strategy} c={concurrency} {'seeded' if seeded else 'greedy'}: {rounds} request-rounds; per request-round "
+        f"out {executor.out / rounds:.0f} B, back {executor.back / rounds:.0f} B"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""pipeline with overlap=true (decode/overlap.py: the next window drafted while the guider verifies this one) gives
+token for token what overlap=false gives, greedy and seeded, following the drafter or the guider, one request or
+several at once; a speculative window is taken when its round starts from the request it assumed, and only then."""
+
+import pytest
+import torch
+
+from services.common.proposal import Proposal, Region
+from services.common.request import Request
+from services.common.sampling import SamplingParams
+from services.orchestrator.decode.commit import Commit
+from services.orchestrator.decode.overlap import Speculation, accepted
+from services.orchestrator.engine.engine import Engine
+from tests.orchestrator.decode.test_follow import GUIDER, OTHER, PROMPT, N, engine_with
+from tests.orchestrator.decode.test_scripted_strategies import IdentityFilter
+from tests.scripted import MASK, ScriptedLM, row, scripted_engine
+
+SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=3)]
+IDS = ["greedy", "seeded"]
+
+
+def drafter(confidence: float = 0.99) -> ScriptedLM:
+    """The guider's tokens everywhere but position 5, which it rejects: the first round's speculation fails, the
+    second's holds."""
+    script = {p: row({OTHER[p] if p == 5 else GUIDER[p]: 0.9 if p == 5 else confidence}) for p in range(N)}
+    return ScriptedLM(script, len(PROMPT))
+
+
+def decode(
+    model: ScriptedLM,
+    overlap: bool,
+    follow: str,
+    sampling: SamplingParams,
+    requests: int = 1,
+    window: int = 8,
+    head: str = "ar",
+):
+    engine = engine_with(model, "causal")
+    reqs = [engine.request(PROMPT, N, sampling, request_id=f"r{i}") for i in range(requests)]
+    params = {"window": window, "follow": follow, "overlap": overlap, "frontier_head": head}
+    for req in reqs:
+        engine.add(req, "pipeline", params)
+    while engine.has_unfinished():
+        engine.step()
+    return [(req.tokens.tolist(), req.stats.rounds) for req in reqs]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+@pytest.mark.parametrize("follow", ["drafter", "guider"])
+@pytest.mark.parametrize("requests", [1, 3])
+@pytest.mark.parametrize("head", ["ar", "mask"])
+def test_overlap_gives_the_tokens_of_no_overlap(follow, sampling, requests, head):
+    # 0.5: the seeded drafter samples other tokens than its top-1; window 4: speculations taken with rounds after them
+    for confidence, window in [(0.99, 8), (0.5, 8), (0.99, 4), (0.5, 4)]:
+        off = decode(drafter(confidence), False, follow, sampling, requests, window, head)
+        assert decode(drafter(confidence), True, follow, sampling, requests, window, head) == off
+
+
+@pytest.mark.parametrize("follow", ["drafter", "guider"])
+def test_a_speculative_window_is_taken_only_when_its_round_starts_where_it_assumed(follow):
+    off, on = drafter(), drafter()  # the mask's own output drafts every position, the frontier's too
+    decode(off, False, follow, SamplingParams(), head="mask")
+    decode(on, True, follow, SamplingParams(), head="mask")
+    # follow=guider, three rounds: round 1 speculates on round 2 (rejected: position 5) and round 2 on round 3 (taken).
+    # follow=drafter, four: round 2 decides the drafter's token at 5 alone, so its speculation fails too.
+    assert (len(off.inputs), len(on.inputs)) == {"guider": (3, 4), "drafter": (4, 6)}[follow]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+def test_overlap_on_the_tiny_zoo_gives_the_tokens_of_no_overlap(engine: Engine, sampling):
+    """Real models: the causal drafter's cache rolls back the rejected speculative windows."""
+    prompt = "count from 1 to 9:"
+    off = engine.generate(prompt, "pipeline", {"overlap": False}, max_new_tokens=24, sampling=sampling)
+    on = engine.generate(prompt, "pipeline", {"overlap": True}, max_new_tokens=24, sampling=sampling)
+    assert on.token_ids == off.token_ids
+
+
+def test_a_taken_speculation_hands_on_the_rng_it_drew_from():
+    """Two equally likely tokens at every position, both in the guider's top 2: every window is accepted whatever the
+    seeded drafter draws, so every speculation is taken and each round's draws follow the previous one's."""
+    two = {p: row({GUIDER[p]: 0.5, OTHER[p]: 0.49}) for p in range(N)}
+    tokens = []
+    for overlap in (False, True):
+        engine = scripted_engine(
+            {"drafter": ScriptedLM(two, len(PROMPT)), "guider": ScriptedLM(two, len(PROMPT))},
+            N,
+            {"causal": IdentityFilter()},
+        )
+        req = engine.request(PROMPT, N, SamplingParams(temperature=1.0, seed=11))
+        engine.add(req, "pipeline", {"window": 4, "top_k_match": 2, "overlap": overlap})
+        while engine.has_unfinished():
+            engine.step()
+        tokens.append(req.tokens.tolist())
+    assert tokens[0] == tokens[1] and len(set(tokens[0]) & set(OTHER)) > 2  # the draws matter
+
+
+def test_a_speculation_holds_only_for_the_request_it_assumed():
+    req = Request("r", PROMPT, N, MASK, 0)
+    region, commit = Region(0, 4), Commit("frontier", 4)
+    proposal = Proposal(torch.arange(4), torch.tensor(GUIDER[:4]), torch.ones(4), torch.zeros(4), None)
+    speculation = Speculation(accepted(req, region, proposal, commit), Region(4, 8), proposal, req.generator)
+    assert speculation.holds(accepted(req, region, proposal, commit), Region(4, 8))
+    other = Proposal(torch.arange(4), torch.tensor(GUIDER[:3] + [OTHER[3]]), torch.ones(4), torch.zeros(4), None)
+    assert not speculation.holds(accepted(req, region, other, commit), Region(4, 8))  # the same commits, one token not
+    assert not speculation.holds(accepted(req, Region(0, 3), proposal, commit), Region(3, 7))
+    assert not speculation.holds(accepted(req, region, proposal, commit), Region(4, 7))
