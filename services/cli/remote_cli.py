@@ -136,6 +136,7 @@ def serve_local(
     import logging
 
     from services.cli.local_cli import quiet_loading
+    from services.cli.serve import index_redis
     from services.common.config import EngineConfig
     from services.orchestrator.api.frontend import Frontend
     from services.orchestrator.api.grpc_server import serve
@@ -152,6 +153,7 @@ def serve_local(
         # threads and its clients on the same cores that costs ten times the forward
         config.threads = 1
     executor = LocalExecutor(config)
-    backend = Frontend(Engine(config, executor, local_admission(executor.placement, config.serving)))
-    asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
+    with index_redis(config.serving):
+        backend = Frontend(Engine(config, executor, local_admission(executor.placement, config.serving)))
+        asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

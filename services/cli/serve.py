@@ -1,12 +1,15 @@
 """`dlm serve`: a local Ray cluster, the Serve app deployed from its Serve config, gRPC on HOST:PORT and the
-OpenAI-compatible API on HOST:serving.http_port, until SIGINT or SIGTERM. Every port it configures (gRPC, HTTP, Ray's
-metrics and dashboard) binds serving.host; on a loopback host Ray's own servers do too."""
+OpenAI-compatible API on HOST:serving.http_port, until SIGINT or SIGTERM; the cache index on serving.redis_url, or on
+a redis-server it starts and stops itself. Every port it configures (gRPC, HTTP, Ray's metrics and dashboard) binds
+serving.host; on a loopback host Ray's own servers do too."""
 
+import contextlib
 import ipaddress
 import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import yaml
@@ -26,9 +29,29 @@ def loopback(host: str) -> bool:
 def serve_ray(config_path: str, flags: dict) -> int:
     """flags: serving keys given on the command line (None: keep the config's)."""
     from services.common.config import EngineConfig
-    from services.serving.ray_env import set_ray_env
 
     config = EngineConfig.from_yaml(config_path, serving=flags)
+    with index_redis(config.serving):
+        return serve_on_ray(config)
+
+
+@contextlib.contextmanager
+def index_redis(serving) -> Iterator[None]:
+    """The cache index's Redis: the configured one, else a redis-server on loopback that lives as long as the
+    server (its URL set in serving.redis_url)."""
+    if serving.redis_url:
+        yield
+        return
+    from services.serving.redis_process import redis_process
+
+    with redis_process() as redis:
+        serving.redis_url = redis.url
+        yield
+
+
+def serve_on_ray(config) -> int:
+    from services.serving.ray_env import set_ray_env
+
     serving = config.serving
     set_ray_env()  # before Ray's modules read it
     if loopback(serving.host):

@@ -77,7 +77,7 @@ class ServingConfig:
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap
-    redis_url: str | None = None  # None: the embedded cache index
+    redis_url: str | None = None  # the cache index; None: `dlm serve` starts a redis-server on loopback
     # torch threads per model replica on CPU. Serve runs a replica's methods on a worker thread, where an OpenMP team
     # of 2 measured slower than 1 thread on 2 cores (a 26-token drafter forward: 18 against 12.5 ms); with 1 each, the
     # drafter and the guider compute at once on different micro-batches

@@ -10,8 +10,9 @@ Per replica the index counts the KV tokens it holds. `reserve` is admission cont
 in tokens (the block manager's `can_allocate` + `allocate` in one atomic step): call it when a request is admitted
 and again as it grows; `free` gives tokens back when a cache is trimmed, `release` everything a request holds.
 
-Two implementations share this interface and its tests: `EmbeddedCacheIndex` (in process, a lock and dicts) and
-`RedisCacheIndex` (redis_index.py). `make_index(url)` (indexes.py) picks one.
+One implementation: `RedisCacheIndex` (redis_index.py), every operation one Lua script on a redis-server; when the
+config names none, `dlm serve` starts one on loopback (services/serving/redis_process.py). `make_index(url)`
+(indexes.py) opens it.
 
 The interface is async so that a remote index never blocks the event loop. Usage, per request::
 
@@ -25,8 +26,6 @@ The interface is async so that a remote index never blocks the event loop. Usage
 """
 
 import json
-import threading
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
@@ -208,213 +207,6 @@ def _copy(value):
     if isinstance(value, list):  # token_ids, order: ints
         return list(value)
     return json.loads(json.dumps(value)) if isinstance(value, dict) else value
-
-
-class EmbeddedCacheIndex(CacheIndex):
-    """In-process index: one lock, plain dicts. Key names mirror RedisCacheIndex's (`dlm:req:{id}`, ...).
-
-    `clock` (monotonic seconds) is injectable for tests. Expired entries are dropped when touched and, at most once
-    per `sweep_interval_s`, all together; expired holdings when their replica is touched.
-    """
-
-    def __init__(
-        self,
-        default_ttl_s: float | None = 3600.0,
-        prefix: str = "dlm:",
-        clock=time.monotonic,
-        sweep_interval_s: float = 1.0,
-    ):
-        self.default_ttl_s = effective_ttl(None, default_ttl_s)
-        self.prefix = prefix
-        self._clock = clock
-        self._sweep_interval = sweep_interval_s
-        self._next_sweep = 0.0
-        self._lock = threading.RLock()
-        self._entries: dict[str, tuple[IndexEntry, float]] = {}  # id -> (entry, deadline; inf = never)
-        self._held: dict[str, dict[str, list]] = {}  # replica -> id -> [tokens, deadline]
-        self._totals: dict[str, int] = {}  # replica -> tokens held, request-charged and anonymous
-
-    def __str__(self) -> str:
-        return "embedded index"
-
-    # ------------------------------------------------------------------ internals (lock held)
-    def _deadline(self, ttl: float | None, now: float) -> float:
-        return float("inf") if ttl is None else now + ttl
-
-    def _now(self) -> float:
-        now = self._clock()
-        if now >= self._next_sweep:
-            self._next_sweep = now + self._sweep_interval
-            for rid in [r for r, (_, d) in self._entries.items() if d <= now]:
-                del self._entries[rid]
-            for replica in list(self._held):
-                self._sweep(replica, now)
-        return now
-
-    def _live(self, rid: str, now: float) -> IndexEntry | None:
-        item = self._entries.get(rid)
-        if item is None:
-            return None
-        if item[1] <= now:
-            del self._entries[rid]
-            return None
-        return item[0]
-
-    def _sweep(self, replica: str, now: float) -> None:
-        held = self._held.get(replica)
-        if not held:
-            return
-        for rid in [r for r, (_, d) in held.items() if d <= now]:
-            self._totals[replica] -= held.pop(rid)[0]
-
-    def _refresh(self, rid: str, deadline: float, now: float) -> None:
-        """Holdings expire with their request: move their deadline to the entry's."""
-        for replica, held in self._held.items():
-            self._sweep(replica, now)
-            if rid in held:
-                held[rid][1] = deadline
-
-    def _store(self, entry: IndexEntry, now: float) -> None:
-        deadline = self._deadline(entry.ttl_s, now)
-        self._entries[entry.request_id] = (entry, deadline)
-        self._refresh(entry.request_id, deadline, now)
-
-    # ------------------------------------------------------------------ entries
-    async def put(self, entry: IndexEntry) -> None:
-        entry = normalise(entry, self.default_ttl_s)
-        with self._lock:
-            self._store(entry, self._now())
-
-    async def update(self, request_id: str, **updates) -> IndexEntry:
-        check_fields(updates)
-        with self._lock:
-            now = self._now()
-            entry = self._live(request_id, now)
-            if entry is None:
-                raise KeyError(request_id)
-            new = copy_entry(entry)
-            for k, v in updates.items():
-                setattr(new, k, v)
-            new.ttl_s = effective_ttl(updates["ttl_s"], self.default_ttl_s) if "ttl_s" in updates else entry.ttl_s
-            new = normalise(new, None)  # ttl already resolved: None here means never expires
-            self._store(new, now)
-            return copy_entry(new)
-
-    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
-        positions, token_ids = check_commit(positions, token_ids)
-        with self._lock:
-            now = self._now()
-            entry = self._live(request_id, now)
-            if entry is None:
-                raise KeyError(request_id)
-            entry.order.extend(positions)
-            entry.token_ids.extend(token_ids)
-            entry.committed_len += len(positions)
-            self._store(entry, now)
-
-    async def get(self, request_id: str) -> IndexEntry | None:
-        with self._lock:
-            entry = self._live(request_id, self._now())
-            return None if entry is None else copy_entry(entry)
-
-    async def release(self, request_id: str) -> bool:
-        with self._lock:
-            now = self._now()
-            found = self._entries.pop(request_id, None) is not None
-            for replica, held in list(self._held.items()):
-                self._sweep(replica, now)
-                if request_id in held:
-                    self._totals[replica] -= held.pop(request_id)[0]
-                    found = True
-                    self._drop_if_idle(replica)
-            return found
-
-    async def route(self, request_id: str) -> Route | None:
-        with self._lock:
-            entry = self._live(request_id, self._now())
-            return None if entry is None else Route(entry.drafter, entry.guider)
-
-    async def keys(self, request_id: str) -> list[str]:
-        with self._lock:
-            return request_keys(self.prefix, request_id) if self._live(request_id, self._now()) is not None else []
-
-    # ------------------------------------------------------------------ replicas
-    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
-        tokens = check_tokens(tokens)
-        with self._lock:
-            now = self._now()
-            self._held.setdefault(replica, {})
-            self._totals.setdefault(replica, 0)
-            self._sweep(replica, now)
-            if budget is not None and self._totals[replica] + tokens > budget:
-                return False
-            self._totals[replica] += tokens
-            if request_id:
-                item = self._held[replica].get(request_id)
-                if item is None:
-                    live = self._live(request_id, now) is not None
-                    deadline = self._entries[request_id][1] if live else self._deadline(self.default_ttl_s, now)
-                    self._held[replica][request_id] = [tokens, deadline]
-                else:
-                    item[0] += tokens
-            return True
-
-    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
-        tokens = check_tokens(tokens)
-        with self._lock:
-            now = self._now()
-            if replica not in self._totals:
-                return 0
-            self._sweep(replica, now)
-            held = self._held[replica]
-            if request_id:
-                item = held.get(request_id)
-                if item is None:
-                    return 0
-                tokens = min(tokens, item[0])
-                item[0] -= tokens
-                if item[0] == 0:
-                    del held[request_id]
-            else:
-                tokens = min(tokens, self._totals[replica])
-            self._totals[replica] -= tokens
-            self._drop_if_idle(replica)
-            return tokens
-
-    def _drop_if_idle(self, replica: str) -> None:
-        """A replica that holds nothing leaves the index (no key stays behind its last request)."""
-        if self._totals[replica] <= 0 and not self._held[replica]:
-            del self._totals[replica], self._held[replica]
-
-    async def replica_tokens(self, replica: str) -> int:
-        with self._lock:
-            now = self._now()
-            self._sweep(replica, now)
-            return self._totals.get(replica, 0)
-
-    async def holdings(self, replica: str) -> dict[str, int]:
-        with self._lock:
-            now = self._now()
-            self._sweep(replica, now)
-            return {rid: item[0] for rid, item in self._held.get(replica, {}).items()}
-
-    async def replicas(self) -> list[str]:
-        with self._lock:
-            return sorted(self._totals)
-
-    async def storage_keys(self) -> list[str]:
-        with self._lock:
-            now = self._now()
-            out = []
-            for rid in list(self._entries):
-                out += request_keys(self.prefix, rid) if self._live(rid, now) else []
-            for replica in self._totals:
-                self._sweep(replica, now)
-                base = f"{self.prefix}replica:{replica}"
-                out.append(f"{base}:tokens")
-                if self._held[replica]:
-                    out += [f"{base}:held", f"{base}:exp"]
-            return sorted(out + ([f"{self.prefix}replicas"] if self._totals else []))
 
 
 def request_keys(prefix: str, request_id: str) -> list[str]:

@@ -8,7 +8,7 @@ import ray
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from services.cli.serve import LOCAL_ONLY, serve_ray
+from services.cli.serve import LOCAL_ONLY, index_redis, serve_ray
 from services.cli.serve_config import SERVE_CONFIG, serve_config
 from services.common.config import ServingConfig
 from services.serving.ray_env import RAY_ENV
@@ -47,3 +47,21 @@ def test_the_deployed_config_is_configs_serve_yaml_on_the_serving_host():
     assert deployed["http_options"] == {"host": "127.0.0.2", "port": 8001}
     [app], [shipped_app] = deployed["applications"], shipped["applications"]
     assert app == {**shipped_app, "args": {"config": "/tmp/dlm.yaml"}}
+
+
+def test_dlm_serve_runs_its_own_redis_server_when_the_config_names_none():
+    """The cache index is Redis always: without serving.redis_url, `dlm serve` starts a redis-server on loopback for
+    as long as it serves and stops it after; a configured URL is used as it is."""
+    import redis
+
+    serving = ServingConfig()
+    with index_redis(serving):
+        url = serving.redis_url
+        assert url.startswith("redis://127.0.0.1:")
+        with redis.Redis.from_url(url) as client:
+            assert client.ping()
+    with pytest.raises(redis.exceptions.ConnectionError), redis.Redis.from_url(url) as client:
+        client.ping()
+    given = ServingConfig(redis_url="redis://127.0.0.1:1/0")
+    with index_redis(given):
+        assert given.redis_url == "redis://127.0.0.1:1/0"

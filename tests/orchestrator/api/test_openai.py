@@ -26,7 +26,7 @@ OPEN_ENDED = "tell me something"  # off the tasks: the AR baseline samples diffe
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, redis_url):
     """(openai client, HTTP base URL, gRPC client, Serve app handle, in-process engine) on the shipped zoo."""
     openai = pytest.importorskip("openai")
     ray = pytest.importorskip("ray")
@@ -37,7 +37,7 @@ def service(tmp_path_factory):
     zoo = EngineConfig.from_yaml(DEFAULT_CONFIG).models
     port, http_port = free_port(), free_port()
     config = tmp_path_factory.mktemp("openai") / "dlm.yaml"
-    serving = {"port": port, "http_port": http_port, "micro_batches": 1}
+    serving = {"port": port, "http_port": http_port, "micro_batches": 1, "redis_url": redis_url}
     config.write_text(yaml.safe_dump({"engine": {"models": zoo, "max_new_tokens": 32, "serving": serving}}))
     set_ray_env()
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")

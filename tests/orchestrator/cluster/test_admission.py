@@ -2,6 +2,7 @@
 the index being down and coming back."""
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -9,29 +10,40 @@ from services.common.placement import Placement
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
-from services.serving.cache_index import EmbeddedCacheIndex, IndexUnavailable
+from services.serving.cache_index import CacheIndex, IndexUnavailable
+from services.serving.redis_index import RedisCacheIndex
 
 
-def engine_with(engine, budget: int, max_queue: int = 4, index=None) -> Engine:
+@pytest.fixture
+def index(redis_url):
+    """An index of its own on the suite's redis-server (a prefix per test)."""
+    return RedisCacheIndex.from_url(redis_url, prefix=f"test:{uuid.uuid4().hex[:8]}:")
+
+
+def engine_with(engine, index: CacheIndex, budget: int, max_queue: int = 4) -> Engine:
     placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
-    admission = IndexAdmission(index or EmbeddedCacheIndex(), placement, ttl_s=60)
+    admission = IndexAdmission(index, placement, ttl_s=60)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
     return Engine(type(config)(models=config.models, serving=serving), executor=engine.executor, admission=admission)
 
 
-def mirrored(eng: Engine) -> EmbeddedCacheIndex:
+def mirrored(eng: Engine) -> CacheIndex:
     """The index once the admission's writes reached it (no writer task: the test applies them)."""
-    admission = eng.scheduler.admission
-    asyncio.run(admission.writer.flush())
-    return admission.writer.index
+    on(eng, eng.scheduler.admission.writer.flush())
+    return eng.scheduler.admission.writer.index
 
 
-def test_queue_then_refuse_then_admit_on_release(engine):
-    eng = engine_with(engine, budget=60, max_queue=1)
+def on(eng: Engine, coroutine):
+    """Run on the engine's own loop (step()'s), where the index's connections live."""
+    return eng.loop.run_until_complete(coroutine)
+
+
+def test_queue_then_refuse_then_admit_on_release(engine, index):
+    eng = engine_with(engine, index, budget=60, max_queue=1)
     first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     eng.step()
-    assert asyncio.run(mirrored(eng).replica_tokens("d0")) == first.prompt_len + 40
+    assert on(eng, mirrored(eng).replica_tokens("d0")) == first.prompt_len + 40
     second = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
     eng.step()
     assert [s.req.id for s in eng.scheduler.waiting] == [second.id]  # no room: it waits
@@ -40,35 +52,35 @@ def test_queue_then_refuse_then_admit_on_release(engine):
     eng.abort(first.id)
     eng.step()  # the abort frees first's tokens, and second is admitted in the same step
     index = mirrored(eng)
-    assert asyncio.run(index.get(first.id)) is None and asyncio.run(index.get(second.id)) is not None
-    assert asyncio.run(index.holdings("d0")) == {second.id: second.prompt_len + 40}
+    assert on(eng, index.get(first.id)) is None and on(eng, index.get(second.id)) is not None
+    assert on(eng, index.holdings("d0")) == {second.id: second.prompt_len + 40}
     assert [s.req.id for s in eng.scheduler.running] == [second.id]
     eng.cancel([second])
 
 
-def test_request_larger_than_budget_is_refused(engine):
+def test_request_larger_than_budget_is_refused(engine, index):
     with pytest.raises(ResourceExhausted, match="budget"):
-        engine_with(engine, budget=10).add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+        engine_with(engine, index, budget=10).add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
 
 
-def test_index_records_commits_and_forgets_the_request(engine):
-    eng = engine_with(engine, budget=1000)
+def test_index_records_commits_and_forgets_the_request(engine, index):
+    eng = engine_with(engine, index, budget=1000)
     req = eng.request("count from 1 to 9:", max_new_tokens=12)
     rounds = eng.stream(req, "slot", {"slot_size": 4, "block_size": 8})
     next(rounds)
     next(rounds)
-    entry = asyncio.run(mirrored(eng).get(req.id))
+    entry = on(eng, mirrored(eng).get(req.id))
     assert entry.order == req.order and entry.token_ids == req.tokens[req.order].tolist()
     assert entry.committed_len == len(req.order)
     assert entry.strategy == "slot" and entry.drafter == "d0"
     rounds.close()  # a cancelled request: everything goes
     index = mirrored(eng)
-    assert asyncio.run(index.keys(req.id)) == [] and asyncio.run(index.replica_tokens("d0")) == 0
+    assert on(eng, index.keys(req.id)) == [] and on(eng, index.replica_tokens("d0")) == 0
     assert all(req.id not in host.kv.caches for host in eng.executor.hosts.values() if hasattr(host, "kv"))
 
 
-def test_a_moved_request_is_recorded_on_its_new_replica(engine):
-    eng = engine_with(engine, budget=100)
+def test_a_moved_request_is_recorded_on_its_new_replica(engine, index):
+    eng = engine_with(engine, index, budget=100)
     req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     eng.step()
     placement, tokens = eng.scheduler.admission.placement, req.prompt_len + 40
@@ -76,15 +88,15 @@ def test_a_moved_request_is_recorded_on_its_new_replica(engine):
     placement.move(req.id, "guider", gone={"g0"})  # what the remote hosts do when g0 is lost
     eng.step()  # the round's progress follows it
     index = mirrored(eng)
-    assert asyncio.run(index.route(req.id)) == ("d0", "g1")
-    assert asyncio.run(index.holdings("g0")) == {} and asyncio.run(index.holdings("g1")) == {req.id: tokens}
-    assert asyncio.run(index.get(req.id)).order == req.order  # its commits went along
+    assert on(eng, index.route(req.id)) == ("d0", "g1")
+    assert on(eng, index.holdings("g0")) == {} and on(eng, index.holdings("g1")) == {req.id: tokens}
+    assert on(eng, index.get(req.id)).order == req.order  # its commits went along
     assert placement.used == {"d0": tokens, "g0": 0, "g1": tokens}
     eng.cancel([req])
 
 
-def test_waiting_request_past_its_deadline_ends_without_running(engine):
-    eng = engine_with(engine, budget=60)
+def test_waiting_request_past_its_deadline_ends_without_running(engine, index):
+    eng = engine_with(engine, index, budget=60)
     first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     late = eng.request("copy: the lazy dog", max_new_tokens=40)
     eng.add(late, "streaming", deadline=0.0)
@@ -95,10 +107,14 @@ def test_waiting_request_past_its_deadline_ends_without_running(engine):
 
 
 class Flaky:
-    """An embedded index that can be down (IndexUnavailable) and can lose everything (a restart without persistence)."""
+    """An index that can be down (IndexUnavailable) and can lose everything (a restart without persistence)."""
 
-    def __init__(self):
-        self.inner, self.up = EmbeddedCacheIndex(), True
+    def __init__(self, inner: RedisCacheIndex):
+        self.inner, self.up = inner, True
+
+    async def lose_everything(self) -> None:
+        for key in await self.inner.storage_keys():
+            await self.inner.client.delete(key)
 
     def __str__(self) -> str:
         return "Redis at test"
@@ -128,13 +144,13 @@ async def settled(admission: IndexAdmission, down: bool) -> None:
     [("write", False), ("ping", False), ("ping", True), (None, True)],
     ids=["down-noticed-by-a-write", "down-noticed-by-a-ping", "restarted-empty", "restarted-empty-unnoticed"],
 )
-async def test_index_outage_loses_no_record_and_leaves_no_key(engine, monkeypatch, noticed, lost):
+async def test_index_outage_loses_no_record_and_leaves_no_key(engine, index, monkeypatch, noticed, lost):
     """The index is unreachable for a while (noticed by a failed write or by the idle ping), keeping its data or
     losing it (a restart without persistence); or it restarts empty between two writes, unnoticed but for a commit
     to a missing entry. A request ends meanwhile: its release must reach the index too."""
     monkeypatch.setattr("services.orchestrator.cluster.index_writer.HEARTBEAT_S", 0.05)
-    index = Flaky()
-    eng = engine_with(engine, budget=1000, index=index)
+    index = Flaky(index)
+    eng = engine_with(engine, index, budget=1000)
     admission = eng.scheduler.admission
     await admission.start()
     ended = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
@@ -153,7 +169,7 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(engine, monkeypatc
             eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)
         await eng.step_async(print)
     if lost:
-        index.inner = EmbeddedCacheIndex()
+        await index.lose_everything()
     index.up = True
     await eng.step_async(print)  # unnoticed: this step's commit finds no entry
     await settled(admission, down=False)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from services.cli.client import DlmClient
-from services.common.config import EngineConfig
+from services.cli.serve import index_redis
+from services.common.config import EngineConfig, ServingConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.serving.ray_env import set_ray_env
@@ -39,7 +40,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served_app(engine: dict, config_path, num_cpus: int = 4):
-    """A local Ray and the Serve app on this engine config (gRPC on a free loopback port), SERVING -> (client, app)."""
+    """A local Ray and the Serve app on this engine config (gRPC on a free loopback port), SERVING -> (client, app).
+    Without serving.redis_url its cache index is on a redis-server started here, as `dlm serve` starts one."""
+    serving = ServingConfig(**engine.get("serving", {}))
+    with index_redis(serving):
+        engine = {**engine, "serving": {**engine.get("serving", {}), "redis_url": serving.redis_url}}
+        with served_app_on(engine, config_path, num_cpus) as served:
+            yield served
+
+
+@contextlib.contextmanager
+def served_app_on(engine: dict, config_path, num_cpus: int):
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -64,10 +75,10 @@ def served_app(engine: dict, config_path, num_cpus: int = 4):
         ray.shutdown()
 
 
-@pytest.fixture(scope="module", params=["embedded", "redis"])
-def service(request, tiny_zoo, tmp_path_factory):
-    """The app on tiny models, its cache index embedded or on a redis-server the suite starts."""
-    serving = {"redis_url": request.getfixturevalue("redis_url")} if request.param == "redis" else {}
+@pytest.fixture(scope="module")
+def service(redis_url, tiny_zoo, tmp_path_factory):
+    """The app on tiny models, its cache index on the redis-server the suite starts."""
+    serving = {"redis_url": redis_url}
     config = tmp_path_factory.mktemp("svc") / "dlm.yaml"
     with served_app({"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}, config) as (client, app):
         yield client, app, Engine(EngineConfig.from_yaml(str(config)))
@@ -211,11 +222,9 @@ def test_deadline_passes_while_a_replica_is_stalled(service):
 
 
 @pytest.fixture
-def redis_process_of(service, request):
-    """The redis-server behind the service's index (skips on the embedded index); running again after the test."""
-    if request.node.callspec.params["service"] != "redis":
-        pytest.skip("the embedded index cannot go down")
-    server = request.getfixturevalue("redis_process")
+def redis_process_of(service, redis_process):
+    """The redis-server behind the service's index; running again after the test."""
+    server = redis_process
     yield server
     if server.proc is None:
         server.start()
