@@ -63,6 +63,9 @@ class CausalDrafter:
         stage: keep the KV of ids for the next forward (000 §4.2 KV reuse).
         -> the forward's Item, and the token instances it processes past the prompt's prefill (p_cache's N_fwd)."""
         cache = self.kv.get(req, new_cache)
+        if cache.committed > len(req.order):  # resumed from an earlier round's record than this cache ran to
+            self.kv.free(req.id)
+            cache = self.kv.get(req, new_cache)
         reuse_staged(cache, req)
         pending = req.order[cache.committed :]
         prefix_ids = req.tokens[pending].tolist()

@@ -1,5 +1,7 @@
 """Exact KV cache of the causal drafter under topological reordering and out-of-order commits."""
 
+import copy
+
 import torch
 from transformers import DynamicCache
 
@@ -82,3 +84,19 @@ def test_pending_commits_stand_before_grouped_spans_in_a_packed_batch(tiny_zoo):
     torch.testing.assert_close(joint[:3], uncached_logits(drafter, grouped, *spans[0]), atol=1e-4, rtol=0)
     torch.testing.assert_close(joint[3:], uncached_logits(drafter, grouped, *spans[1]), atol=1e-4, rtol=0)
     torch.testing.assert_close(alone, uncached_logits(drafter, plain, *window), atol=1e-4, rtol=0)
+
+
+def test_a_request_resumed_from_an_earlier_round_drops_the_cache_that_ran_past_it(tiny_zoo):
+    """Takeover: the drafter holds KV of commits the request's record predates; the request runs again from the
+    record (an earlier copy of itself), and its logits are those of the earlier request, not of the cache."""
+    loaded = load_model(tiny_zoo["drafter"], reordered=True)
+    drafter = CausalDrafter(loaded, KVManager())
+    req = make_request(loaded)
+    masks = torch.full((4,), loaded.mask_id)
+    forward(drafter, req, masks, torch.arange(4))
+    recorded = copy.deepcopy(req)
+    req.decide(torch.arange(0, 4), torch.tensor([21, 22, 23, 24]))
+    req.commit([0, 1, 2, 3])
+    forward(drafter, req, masks, torch.arange(4, 8))
+    resumed = forward(drafter, recorded, masks, torch.arange(4))
+    torch.testing.assert_close(resumed, uncached_logits(drafter, recorded, masks, torch.arange(4)), atol=1e-4, rtol=0)
