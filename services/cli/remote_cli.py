@@ -134,6 +134,7 @@ def serve_local(
     command line."""
     import asyncio
     import logging
+    import uuid
 
     from services.cli.local_cli import quiet_loading
     from services.cli.serve import index_redis
@@ -154,6 +155,7 @@ def serve_local(
         config.threads = 1
     executor = LocalExecutor(config)
     with index_redis(config.serving):
-        backend = Frontend(Engine(config, executor, local_admission(executor.placement, config.serving)))
+        admission = local_admission(executor.placement, config.serving, f"local-{uuid.uuid4().hex[:8]}")
+        backend = Frontend(Engine(config, executor, admission), records=admission)
         asyncio.run(serve(backend, f"{config.serving.host}:{config.serving.port}"))
     return 0

@@ -85,6 +85,7 @@ class ServingConfig:
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
+    lease_s: float = 2.0  # an orchestrator's lease in the index: its requests are adopted this long after it died
     replicas: dict[str, int] = field(default_factory=dict)  # deployment -> replicas (drafter, guider, ar, filter); 1
     call_timeout_s: float = 30.0  # a model call that takes longer counts its replica as lost: its requests move
     resume_timeout_s: float = 60.0  # how long a request whose replica was lost waits for another before UNAVAILABLE

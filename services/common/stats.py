@@ -36,6 +36,12 @@ class Stats:
     def finish(self) -> None:
         self.end_s = time.perf_counter()
 
+    def restart_clock(self) -> None:
+        """A request resumed in another process: its clocks start again here (perf_counter is per process)."""
+        self.start_s = time.perf_counter()
+        if self.first_commit_s is not None:
+            self.first_commit_s = self.start_s
+
     @property
     def tpf(self) -> float:
         """Tokens per forward: generated tokens over diffusion iterations (rounds)."""

@@ -19,7 +19,7 @@ The interface is async so that a remote index never blocks the event loop. Usage
     if not await index.reserve(drafter, prompt_len + max_new_tokens, budget, request_id=rid):
         ...  # queue or reject: the replica is full
     await index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
-    await index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9])   # every round; refreshes the TTL
+    await index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9], snapshot=blob, streamed=4)  # every round
     await index.update(rid, state={"credits": [...]})                    # strategy state, after a round
     await index.route(rid)                                               # Route(drafter=..., guider=...)
     await index.release(rid)                                             # finished or aborted
@@ -45,6 +45,11 @@ class IndexEntry:
     they are stored as JSON, so `get` returns their JSON form (tuples come back as lists, int keys as strings).
     `ttl_s`: seconds without a write before the entry vanishes; None in `put` (or `update(ttl_s=None)`) takes the
     index's `default_ttl_s`, and `get` returns the TTL in force (None: never expires).
+
+    The record a request resumes from on another orchestrator: `snapshot` is its whole decode state (prompt ids,
+    sampling parameters and RNG state, canvas, physical -> logical order, strategy state) as of its last recorded
+    round, opaque here (the orchestrator pickles its `Request`); `streamed` the tokens handed to its stream by then;
+    `owner` the orchestrator that decodes it, whose lease (`lease`) says it is alive.
     """
 
     request_id: str
@@ -57,6 +62,9 @@ class IndexEntry:
     params: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
     ttl_s: float | None = None
+    owner: str | None = None
+    streamed: int = 0
+    snapshot: bytes = b""
 
 
 class Route(NamedTuple):
@@ -81,9 +89,30 @@ class CacheIndex(ABC):
         Raises KeyError when the request is unknown or expired. `update(rid)` alone is a heartbeat."""
 
     @abstractmethod
-    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
-        """Append committed positions (in commit order) and their tokens; add len(positions) to committed_len and
-        refresh the TTL. Raises KeyError when the request is unknown or expired."""
+    async def commit(
+        self,
+        request_id: str,
+        positions: list[int],
+        token_ids: list[int],
+        snapshot: bytes | None = None,
+        streamed: int | None = None,
+    ) -> None:
+        """Append committed positions (in commit order) and their tokens; add len(positions) to committed_len,
+        replace the snapshot and the streamed count when given, and refresh the TTL, all in one step. Raises KeyError
+        when the request is unknown or expired."""
+
+    @abstractmethod
+    async def adopt(self, request_id: str, owner: str) -> IndexEntry | None:
+        """Make `owner` the request's owner and return its entry, unless its owner is another orchestrator whose lease
+        is alive (OwnerAlive), in one step; None when the request is unknown or expired."""
+
+    @abstractmethod
+    async def lease(self, owner: str, ttl_s: float) -> None:
+        """Start or renew an orchestrator's lease: it is alive for ttl_s from now."""
+
+    @abstractmethod
+    async def leases(self) -> dict[str, float]:
+        """Orchestrator -> seconds its lease has left, for every live lease."""
 
     @abstractmethod
     async def get(self, request_id: str) -> IndexEntry | None:
@@ -135,6 +164,10 @@ class CacheIndex(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+
+class OwnerAlive(Exception):
+    """The request belongs to an orchestrator whose lease is alive: it is decoding there, not to be adopted."""
 
 
 class IndexUnavailable(Exception):
@@ -196,6 +229,9 @@ def normalise(entry: IndexEntry, default_ttl_s: float | None) -> IndexEntry:
         params=json_copy("params", entry.params),
         state=json_copy("state", entry.state),
         ttl_s=effective_ttl(entry.ttl_s, default_ttl_s),
+        owner=entry.owner or None,
+        streamed=int(entry.streamed),
+        snapshot=bytes(entry.snapshot),
     )
 
 

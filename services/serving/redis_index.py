@@ -29,6 +29,7 @@ from services.serving.cache_index import (
     CacheIndex,
     IndexEntry,
     IndexUnavailable,
+    OwnerAlive,
     Route,
     check_commit,
     check_fields,
@@ -91,11 +92,12 @@ local function snapshot()
 end
 """
 
-# ARGV: P, id, ttl_ms, drafter, guider, committed_len, strategy, params, state, ids, order
+# ARGV: P, id, ttl_ms, drafter, guider, committed_len, strategy, params, state, ids, order, owner, streamed, snapshot
 _PUT = """
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'drafter', ARGV[4], 'guider', ARGV[5], 'committed_len', ARGV[6],
-           'strategy', ARGV[7], 'params', ARGV[8], 'state', ARGV[9], 'ttl_ms', ARGV[3])
+           'strategy', ARGV[7], 'params', ARGV[8], 'state', ARGV[9], 'ttl_ms', ARGV[3],
+           'owner', ARGV[12], 'streamed', ARGV[13], 'snapshot', ARGV[14])
 redis.call('SET', KEYS[2], ARGV[10])
 redis.call('SET', KEYS[3], ARGV[11])
 touch(ARGV[2], now_ms())
@@ -115,17 +117,28 @@ touch(ARGV[2], now_ms())
 return snapshot()
 """
 
-# ARGV: P, id, n, ids, order
+# ARGV: P, id, n, ids, order[, snapshot, streamed]
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('APPEND', KEYS[2], ARGV[4])
 redis.call('APPEND', KEYS[3], ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'committed_len', ARGV[3])
+if #ARGV >= 7 then redis.call('HSET', KEYS[1], 'snapshot', ARGV[6], 'streamed', ARGV[7]) end
 touch(ARGV[2], now_ms())
 return 1
 """
 
 _GET = """
+return snapshot()
+"""
+
+# ARGV: P, id, owner; {owner} while another owner's lease is alive
+_ADOPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local old = redis.call('HGET', KEYS[1], 'owner') or ''
+if old ~= '' and old ~= ARGV[3] and redis.call('EXISTS', P .. 'lease:' .. old) == 1 then return {old} end
+redis.call('HSET', KEYS[1], 'owner', ARGV[3])
+touch(ARGV[2], now_ms())
 return snapshot()
 """
 
@@ -238,6 +251,7 @@ class RedisCacheIndex(CacheIndex):
             "update": _UPDATE,
             "commit": _COMMIT,
             "get": _GET,
+            "adopt": _ADOPT,
             "release": _RELEASE,
             "reserve": _RESERVE,
             "free": _FREE,
@@ -299,6 +313,9 @@ class RedisCacheIndex(CacheIndex):
             params=json_loads(h["params"]),
             state=json_loads(h["state"]),
             ttl_s=int(ttl) / 1000 if ttl else None,
+            owner=h.get("owner", b"").decode() or None,
+            streamed=int(h.get("streamed", 0)),
+            snapshot=h.get("snapshot", b""),
         )
 
     # ------------------------------------------------------------------ entries
@@ -317,6 +334,9 @@ class RedisCacheIndex(CacheIndex):
             json_dumps(e.state),
             pack_ids(e.token_ids),
             pack_ids(e.order),
+            e.owner or "",
+            e.streamed,
+            e.snapshot,
         )
 
     async def update(self, request_id: str, **updates) -> IndexEntry:
@@ -350,13 +370,39 @@ class RedisCacheIndex(CacheIndex):
             raise KeyError(request_id)
         return self._decode(request_id, snap)
 
-    async def commit(self, request_id: str, positions: list[int], token_ids: list[int]) -> None:
+    async def commit(
+        self,
+        request_id: str,
+        positions: list[int],
+        token_ids: list[int],
+        snapshot: bytes | None = None,
+        streamed: int | None = None,
+    ) -> None:
         positions, token_ids = check_commit(positions, token_ids)
-        ok = await self._run(
-            "commit", self._req_keys(request_id), request_id, len(positions), pack_ids(token_ids), pack_ids(positions)
-        )
+        record = [] if snapshot is None else [bytes(snapshot), int(streamed or 0)]
+        keys, n = self._req_keys(request_id), len(positions)
+        ok = await self._run("commit", keys, request_id, n, pack_ids(token_ids), pack_ids(positions), *record)
         if not ok:
             raise KeyError(request_id)
+
+    async def adopt(self, request_id: str, owner: str) -> IndexEntry | None:
+        snap = await self._run("adopt", self._req_keys(request_id), request_id, owner)
+        if snap and len(snap) == 1:
+            owner = snap[0].decode()
+            raise OwnerAlive(f"request {request_id} is decoding on orchestrator {owner}, whose lease is alive")
+        return self._decode(request_id, snap)
+
+    async def lease(self, owner: str, ttl_s: float) -> None:
+        try:
+            await self.client.set(f"{self.prefix}lease:{owner}", "1", px=max(1, round(ttl_s * 1000)))
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+
+    async def leases(self) -> dict[str, float]:
+        start = len(self.prefix) + len("lease:")
+        keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
+        left = [await self.client.pttl(k) for k in keys]
+        return {k.decode()[start:]: ms / 1000 for k, ms in zip(keys, left, strict=True) if ms > 0}
 
     async def get(self, request_id: str) -> IndexEntry | None:
         return self._decode(request_id, await self._run("get", self._req_keys(request_id), request_id))

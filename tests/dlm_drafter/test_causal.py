@@ -1,5 +1,7 @@
 """Exact KV cache of the causal drafter under topological reordering and out-of-order commits."""
 
+import copy
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -149,3 +151,19 @@ def test_a_speculative_windows_kv_is_rolled_back_unless_its_window_was_accepted(
     torch.testing.assert_close(cached, uncached_logits(drafter, req, ids, window), atol=1e-4, rtol=0)
     assert drafter.kv.held()["r"] == req.prompt_len + len(kept)
     assert processed == len(ids) + (0 if accepted else 1)  # an accepted window's KV is kept: only the correction runs
+
+
+def test_a_request_resumed_from_an_earlier_round_drops_the_cache_that_ran_past_it(tiny_zoo):
+    """Takeover: the drafter holds KV of commits the request's record predates; the request runs again from the
+    record (an earlier copy of itself), and its logits are those of the earlier request, not of the cache."""
+    loaded = load_model(tiny_zoo["drafter"])
+    drafter = CausalDrafter(loaded, KVManager())
+    req = make_request(loaded)
+    masks = torch.full((4,), loaded.mask_id)
+    forward(drafter, req, masks, torch.arange(4))
+    recorded = copy.deepcopy(req)
+    req.decide(torch.arange(0, 4), torch.tensor([21, 22, 23, 24]))
+    req.commit([0, 1, 2, 3])
+    forward(drafter, req, masks, torch.arange(4, 8))
+    resumed = forward(drafter, recorded, masks, torch.arange(4))
+    torch.testing.assert_close(resumed, uncached_logits(drafter, recorded, masks, torch.arange(4)), atol=1e-4, rtol=0)

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from services.serving.cache_index import IndexEntry, IndexUnavailable, Route
+from services.serving.cache_index import IndexEntry, IndexUnavailable, OwnerAlive, Route
 from services.serving.indexes import make_index
 from services.serving.redis_index import RedisCacheIndex
 
@@ -296,3 +296,34 @@ async def test_no_key_outlives_the_last_request(index):
     assert await index.reserve("r1", 10, budget=100, request_id="a")
     await index.release("a")
     assert await index.storage_keys() == [] and await index.replicas() == []
+
+
+async def test_a_record_whose_owner_is_alive_is_never_adopted(index):
+    """Takeover: another orchestrator adopts a request only once its owner's lease expired; then it owns it, and the
+    old owner, back, cannot take it again while the new owner's lease lives."""
+    await index.put(full_entry("r", owner="orch-a", snapshot=b"round-3"))
+    await index.lease("orch-a", ttl_s=TTL)
+    with pytest.raises(OwnerAlive, match="orch-a"):
+        await index.adopt("r", "orch-b")
+    assert (await index.get("r")).owner == "orch-a"
+    assert (await index.adopt("r", "orch-a")).owner == "orch-a"  # its owner may take it back (a reconnect)
+    await asyncio.sleep(2 * TTL)  # orch-a stopped renewing its lease
+    assert "orch-a" not in await index.leases()
+    await index.lease("orch-b", ttl_s=60)
+    adopted = await index.adopt("r", "orch-b")
+    assert adopted.owner == "orch-b" and adopted.snapshot == b"round-3"
+    await index.lease("orch-a", ttl_s=60)
+    with pytest.raises(OwnerAlive, match="orch-b"):
+        await index.adopt("r", "orch-a")
+    assert await index.adopt("unknown", "orch-b") is None
+    assert set(await index.leases()) == {"orch-a", "orch-b"}
+
+
+async def test_a_round_commits_its_tokens_snapshot_and_streamed_count_together(index):
+    await index.put(full_entry("r", token_ids=[], order=[], committed_len=0, snapshot=b"round-0"))
+    await index.commit("r", positions=[1, 0], token_ids=[7, 8], snapshot=b"round-1", streamed=2)
+    got = await index.get("r")
+    assert (got.order, got.token_ids, got.snapshot, got.streamed) == ([1, 0], [7, 8], b"round-1", 2)
+    await index.commit("r", positions=[2], token_ids=[9])  # without a snapshot: the last one stays
+    got = await index.get("r")
+    assert (got.order, got.snapshot, got.streamed) == ([1, 0, 2], b"round-1", 2)

@@ -36,6 +36,9 @@ class Deltas:
     rows: list[RoundRow] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the committed prefix
     token_stopped: bool = False
+    # a resumed stream: the token ids and the characters the client already has, which it is not sent again
+    held_ids: int = 0
+    held_chars: int = 0
 
     def __post_init__(self):
         self.text = TextStream(self.detokenizer, self.stop)
@@ -90,4 +93,6 @@ class Deltas:
 
     def delta(self, text: str, ids: list[int], before: int) -> Delta:
         logprobs = self.logprobs[before : self.text.sent_ids]
-        return Delta(text, ids, logprobs, [], self.text.sent_ids, len(self.rows))
+        text = text[max(self.held_chars - (len(self.text.text) - len(text)), 0) :]
+        skip = max(self.held_ids - before, 0)
+        return Delta(text, ids[skip:], logprobs[skip:], [], self.text.sent_ids, len(self.rows))

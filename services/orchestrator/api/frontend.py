@@ -6,8 +6,10 @@ tests) and the engine over Ray Serve deployments (services/orchestrator/cluster/
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 from uuid import uuid4
 
 from services.common.request import Request
@@ -19,7 +21,7 @@ from services.orchestrator.engine.output import RequestOutput
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AlreadyExists", "Frontend", "Job", "ModelInfo", "RequestOutput", "Spec"]
+__all__ = ["Adopted", "AlreadyExists", "Frontend", "Job", "ModelInfo", "Records", "RequestOutput", "Spec"]
 
 
 @dataclass(slots=True)
@@ -44,6 +46,22 @@ class ModelInfo:
     dtype: str
     default_strategy: str
     default_max_new_tokens: int
+
+
+@dataclass(slots=True)
+class Adopted:
+    """A request taken over from its record: its decode state as of its last recorded round, and how to go on."""
+
+    req: Request
+    strategy: str
+    params: dict
+
+
+class Records(Protocol):
+    """The cache index's records of requests (services/orchestrator/cluster/admission.py)."""
+
+    async def adopt(self, request_id: str) -> Adopted:
+        """KeyError: no record; OwnerAlive: its orchestrator lives; IndexUnavailable: the index is down."""
 
 
 class Job:
@@ -85,8 +103,9 @@ class Frontend:
     """engines: one, or several over the same hosts (micro-batches, vLLM's virtual engines): each has its own
     scheduler and driver task, so while one's batch is in the drafter another's is in the guider."""
 
-    def __init__(self, *engines: Engine):
+    def __init__(self, *engines: Engine, records: Records | None = None):
         self.engines = engines
+        self.records = records
         self.engine = engines[0]  # the models, the tokenizer and the configuration they share
         self.jobs: dict[str, Job] = {}
         self.ready = False
@@ -110,6 +129,24 @@ class Frontend:
             raise AlreadyExists(f"request_id {req.id!r} is already decoding")
         engine.add(req, spec.strategy, spec.params, spec.deadline)
         job = self.jobs[req.id] = Job(self, engine, req)
+        self.wake(engine)
+        return job
+
+    async def resume(self, spec: Spec) -> Job:
+        """Go on with a request another orchestrator was decoding, from its record in the cache index (its last
+        recorded round); the job's first output is everything that round had streamed, so that the client's stream
+        (api/deltas.py) can skip what it has. KeyError when there is no record to resume."""
+        if self.records is None:
+            raise KeyError("this server keeps no records to resume from")
+        if spec.request_id in self.jobs:
+            raise AlreadyExists(f"request_id {spec.request_id!r} is already decoding here")
+        adopted = await self.records.adopt(spec.request_id)
+        req, engine = adopted.req, min(self.engines, key=lambda e: len(e.requests))
+        engine.add(req, adopted.strategy, adopted.params, spec.deadline)
+        job = self.jobs[req.id] = Job(self, engine, req)
+        logprobs = [req.logprobs[p] for p in range(req.emitted)] if req.logprobs else []
+        elapsed = time.perf_counter() - req.stats.start_s
+        job.queue.put_nowait(RequestOutput(req.id, req.tokens[: req.emitted].tolist(), [], None, elapsed, logprobs))
         self.wake(engine)
         return job
 
@@ -148,8 +185,9 @@ class Frontend:
                 engine.flush_releases()
             if not engine.scheduler.running:  # nothing to advance until a request arrives, ends or expires
                 expiry = seconds_to_first(er.deadline for er in engine.scheduler.waiting)  # ends with no wake-up
-                try:
-                    await asyncio.wait_for(wake.wait(), expiry)
+                try:  # not wait_for: on 3.11 it swallows a cancel that comes as the event is set
+                    async with asyncio.timeout(expiry):
+                        await wake.wait()
                 except TimeoutError:
                     pass
 
@@ -191,3 +229,6 @@ class Frontend:
             await asyncio.sleep(0.01)
         for driver in self.drivers:
             driver.cancel()
+        await asyncio.gather(*self.drivers, return_exceptions=True)
+        for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
+            await admission.stop()

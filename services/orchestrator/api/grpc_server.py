@@ -21,6 +21,7 @@ from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas
 from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
+from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
 from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
 
@@ -68,7 +69,16 @@ class DlmServicer(rpc.DlmServiceServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            return await self.backend.open(to_spec(request, self.limits, deadline))
+            spec = to_spec(request, self.limits, deadline)
+            if not request.HasField("resume"):
+                return await self.backend.open(spec)
+            if not spec.request_id:
+                raise ValueError("resume needs the request_id of the request to go on with")
+            return await self.backend.resume(spec)
+        except KeyError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0])
+        except (OwnerAlive, IndexUnavailable) as e:  # its orchestrator may still be alive, or the index is down
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except AlreadyExists as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         except ResourceExhausted as e:
@@ -88,6 +98,7 @@ class DlmServicer(rpc.DlmServiceServicer):
     async def run(self, job: Job, request, context) -> AsyncIterator:
         """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
         deltas = Deltas(job, self.backend.detokenizer(), list(request.stop), frozenset(request.stop_token_ids))
+        deltas.held_ids, deltas.held_chars = request.resume.tokens_received, request.resume.text_received
         try:
             async for delta in deltas:
                 if delta.text or delta.ids:
@@ -125,6 +136,8 @@ class DlmServicer(rpc.DlmServiceServicer):
             job.cancel()  # a no-op once finished; stops decoding when the client cancelled or the deadline passed
 
     async def Generate(self, request, context):
+        if request.HasField("resume"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "resume: a stream resumes, use GenerateStream")
         job = await self.open(request, context)
         out = pb.GenerateResponse(request_id=job.request_id)
         try:

@@ -1,18 +1,29 @@
-"""Admission against each replica's KV budget, mirrored into the cache index round by round.
+"""Admission against each replica's KV budget, and each request's record in the cache index, round by round.
 
 A request reserves prompt + max_new_tokens KV tokens on one replica of each KV-holding deployment before it runs (the
 scheduler keeps it waiting meanwhile): the placement (placement.py) picks the live replicas with the most free budget.
-The admission decides from its own copy (the placement's reservations, each live request's record) inside the
-synchronous step, so a step never waits on the index; an `IndexWriter` task mirrors the copy into the index: the
-record when a request is admitted, every round's new commits (positions in commit order with their tokens), the
-replicas it moved to when one was lost, and the release when it ends, however it ends. While the index is down new
-requests are refused (Unavailable) and running ones go on; once it is back every live record is written again.
+The admission decides from its own copy (the placement's reservations, each live request's record) inside the step,
+so a step never waits on the index; an `IndexWriter` task writes the copy to the index: the record when a request is
+admitted, at every round's commit its new commits (positions in commit order with their tokens) with a snapshot of
+its whole decode state and the tokens streamed, the replicas it moved to when one was lost, and the release when it
+ends, however it ends. While the index is down new requests are refused (Unavailable) and running ones go on; once
+it is back every live record is written again.
+
+No token is lost or repeated on a takeover, though the record is written after the round's tokens went out: a record
+is the request as of the end of one round, RNG state included, and decoding from it is deterministic, so the
+orchestrator that adopts it decodes the rounds since exactly as they went, and the stream sends only what follows
+what the client received (api/deltas.py).
+
+The step, the rounds' bookkeeping and the writer all run on the serving event loop, so the copy needs no lock.
 """
 
-import threading
+import pickle
 from dataclasses import dataclass
 
+import services.serving.pickling  # noqa: F401 - the compact reducers of Request, which the snapshot pickles
 from services.common.placement import Placement
+from services.common.request import Request
+from services.orchestrator.api.frontend import Adopted
 from services.orchestrator.cluster.index_writer import IndexWriter, Write
 from services.orchestrator.engine.scheduler import EngineRequest, LedgerAdmission, Unavailable
 from services.serving.cache_index import CacheIndex, IndexEntry, copy_entry
@@ -31,15 +42,19 @@ class Record:
 
 
 class IndexAdmission(LedgerAdmission):
-    def __init__(self, index: CacheIndex, placement: Placement, ttl_s: float):
+    """owner: this orchestrator's id in the index, kept alive by a lease of lease_s seconds that the writer renews."""
+
+    def __init__(self, index: CacheIndex, placement: Placement, ttl_s: float, owner: str, lease_s: float):
         super().__init__(placement)
-        self.ttl_s = ttl_s
+        self.ttl_s, self.owner = ttl_s, owner
         self.records: dict[str, Record] = {}  # live (admitted) request id -> record
-        self.lock = threading.Lock()  # the step may run on a worker thread, the writer on the event loop
-        self.writer = IndexWriter(index, self.restore, self.lock)
+        self.writer = IndexWriter(index, self.restore, owner, lease_s)
 
     async def start(self) -> None:
-        self.writer.start()
+        await self.writer.start()
+
+    async def stop(self) -> None:
+        await self.writer.stop()
 
     def fits(self, er: EngineRequest) -> bool:
         if self.writer.down is not None:
@@ -47,31 +62,31 @@ class IndexAdmission(LedgerAdmission):
         return super().fits(er)
 
     def admit(self, er: EngineRequest) -> bool:
-        rid = er.req.id
-        with self.lock:
-            placed = self.placement.place(rid, er.tokens)
-            if placed is None:
-                return False
-            entry = IndexEntry(rid, placed.get("drafter"), placed.get("guider"), strategy=er.strategy)
-            entry.params, entry.ttl_s = {k: str(v) for k, v in er.params.items()}, self.ttl_s
-            record = self.records[rid] = Record(entry, er.tokens, placed)
-            self.writer.push(rid, whole(record))
+        req = er.req
+        placed = self.placement.place(req.id, er.tokens)
+        if placed is None:
+            return False
+        entry = IndexEntry(req.id, placed.get("drafter"), placed.get("guider"), strategy=er.strategy)
+        entry.params, entry.ttl_s, entry.owner = dict(er.params), self.ttl_s, self.owner
+        entry.order, entry.token_ids = list(req.order), req.tokens[req.order].tolist()  # a resumed request has some
+        entry.committed_len, entry.streamed, entry.snapshot = len(req.order), req.emitted, snapshot(req)
+        record = self.records[req.id] = Record(entry, er.tokens, placed)
+        self.writer.push(req.id, whole(record))
         return True
 
     def progress(self, er: EngineRequest) -> None:
+        """At the round's commit: its new commits, the request's state after it, the tokens streamed by then."""
         req = er.req
-        with self.lock:
-            record = self.records[req.id]
-            self.follow(record)
-            entry = record.entry
-            new = req.order[len(entry.order) :]
-            if not new:
-                return
-            ids = req.tokens[new].tolist()
-            entry.order += new
-            entry.token_ids += ids
-            entry.committed_len += len(new)
-            self.writer.push(req.id, lambda index: index.commit(req.id, new, ids))
+        record = self.records[req.id]
+        self.follow(record)
+        entry = record.entry
+        new = req.order[len(entry.order) :]
+        ids = req.tokens[new].tolist()
+        entry.order += new
+        entry.token_ids += ids
+        entry.committed_len += len(new)
+        entry.snapshot, entry.streamed = blob, streamed = snapshot(req), req.emitted
+        self.writer.push(req.id, lambda index: index.commit(req.id, new, ids, blob, streamed))
 
     def follow(self, record: Record) -> None:
         """A request the hosts moved off a lost replica: the record follows it, with its reservations."""
@@ -84,15 +99,34 @@ class IndexAdmission(LedgerAdmission):
 
     def release(self, er: EngineRequest) -> None:
         rid = er.req.id
-        with self.lock:
-            super().release(er)
-            if self.records.pop(rid, None) is not None:
-                self.writer.push(rid, release(rid))
+        super().release(er)
+        if self.records.pop(rid, None) is not None:
+            self.writer.push(rid, release(rid))
+
+    async def adopt(self, request_id: str) -> Adopted:
+        """Take over a request from its record: KeyError when the index has none (it ended, or expired), OwnerAlive
+        while its owner's lease lives, IndexUnavailable when the index cannot be reached."""
+        entry = await self.writer.index.adopt(request_id, self.owner)
+        if entry is None or not entry.snapshot:
+            raise KeyError(f"request {request_id!r} has no record in the cache index: it ended, or never started")
+        return Adopted(restore(entry.snapshot), entry.strategy, entry.params)
 
     def restore(self, changed: set[str]) -> list[tuple[str, Write]]:
-        """Writes that bring an index that lost anything back to this copy (the writer holds the lock)."""
+        """Writes that bring an index that lost anything back to this copy."""
         ended = [(rid, release(rid)) for rid in changed if rid not in self.records]
         return ended + [(rid, whole(record)) for rid, record in self.records.items()]
+
+
+def snapshot(req: Request) -> bytes:
+    """The request's whole decode state, as a Serve hop ships it (services/serving/pickling.py)."""
+    return pickle.dumps(req, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def restore(blob: bytes) -> Request:
+    """A request from its snapshot. The index is as trusted as the Ray cluster, whose object store pickles too."""
+    req = pickle.loads(blob)
+    req.stats.restart_clock()  # its clocks were another process's
+    return req
 
 
 def whole(record: Record) -> Write:
@@ -112,7 +146,7 @@ def release(request_id: str) -> Write:
     return lambda index: index.release(request_id)
 
 
-def local_admission(placement: Placement, serving) -> IndexAdmission:
+def local_admission(placement: Placement, serving, owner: str) -> IndexAdmission:
     """Admission for an orchestrator whose models run in its own process (`dlm serve --local`)."""
     index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-    return IndexAdmission(index, placement, serving.request_ttl_s)
+    return IndexAdmission(index, placement, serving.request_ttl_s, owner, serving.lease_s)

@@ -45,13 +45,14 @@ class Orchestrator:
         self.hosts = RemoteExecutor(cfg, {role: DirectHandle(handle) for role, handle in handles.items()})
         self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
-        admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s)
+        owner = serve.get_replica_context().replica_id.unique_id  # a restarted replica is a new owner
+        admission = IndexAdmission(self.index, self.hosts.placement, serving.request_ttl_s, owner, serving.lease_s)
         metrics = ServeMetrics()
         engines = [
             Engine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
             for i in range(serving.micro_batches)
         ]
-        self.backend = Frontend(*engines)
+        self.backend = Frontend(*engines, records=admission)
         attach(self.backend, serving.limits, api_key(serving.api_key_file))
         self.server = Server(self.backend, serving.limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")

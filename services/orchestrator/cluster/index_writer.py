@@ -1,6 +1,8 @@
-"""The cache index kept current from one asyncio task, so that no step waits on Redis.
+"""The cache index kept current from one asyncio task, so that no step waits on Redis; and the orchestrator's lease.
 
-The admission decides from its own copy and queues each change as a write; the writer applies them in order. When
+The admission decides from its own copy and queues each change as a write; the writer applies them in order, and
+renews the orchestrator's lease every third of its length, busy or idle: while it lives, no other orchestrator adopts
+this one's requests (admission.py), so a lease only lapses when the orchestrator is gone or cut off from Redis. When
 the index cannot be reached it is down: the writer keeps no writes, only which requests changed, pings with backoff
 until the index answers, then writes every live request whole again (Redis may have restarted empty) and releases
 the requests that ended meanwhile. A commit refused because the entry is gone (a restart between two writes) does
@@ -9,7 +11,7 @@ the same.
 
 import asyncio
 import logging
-import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -21,39 +23,52 @@ Write = Callable[[CacheIndex], Awaitable[object]]
 Restore = Callable[[set[str]], list[tuple[str, Write]]]  # changed request ids -> writes that restore the index
 
 RETRY_S = (0.05, 1.0)  # first and longest wait between pings while the index is down
-HEARTBEAT_S = 1.0  # ping when idle this long, so that new requests learn the index is down before they write
 
 
 class IndexWriter:
-    """restore: called under `lock` (the admission's, which also guards its copy), so that the writes it returns
-    precede every write queued after it."""
+    """Runs on the serving event loop, as the admission that pushes writes does. restore: the writes that bring an
+    index that lost anything back to the admission's copy; they precede every write queued after them."""
 
-    def __init__(self, index: CacheIndex, restore: Restore, lock: threading.Lock):
-        self.index, self.restore, self.lock = index, restore, lock
+    def __init__(self, index: CacheIndex, restore: Restore, owner: str, lease_s: float):
+        self.index, self.restore, self.owner, self.lease_s = index, restore, owner, lease_s
         self.queue: deque[tuple[str, Write]] = deque()  # (request id, write), in order
         self.changed: set[str] = set()  # requests changed while down
         self.down: str | None = None  # why, while the index cannot be reached
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.renewed = float("-inf")  # time.monotonic() of the last lease renewal
+        self.stopping = False
 
-    def start(self) -> None:
-        """On the event loop the writer runs on; pushes may come from any thread after this."""
-        if self.task is None:
-            self.loop = asyncio.get_running_loop()
-            self.task = asyncio.create_task(self.run())
+    async def start(self) -> None:
+        """Take the lease (IndexUnavailable when the index cannot be reached), then write from a task."""
+        await self.renew()
+        self.task = asyncio.create_task(self.run())
+
+    async def stop(self) -> None:
+        """Write what is queued, then end; the lease lapses by itself. Not by a cancel: redis-py swallows one that
+        comes while it waits for a reply."""
+        self.stopping = True
+        self.wake.set()
+        if self.task is not None:
+            await self.task
 
     def push(self, request_id: str, write: Write) -> None:
-        """Queue a write (caller holds `lock`)."""
         if self.down is not None:
             self.changed.add(request_id)
             return
         self.queue.append((request_id, write))
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.wake.set)
+        self.wake.set()
+
+    async def renew(self) -> None:
+        await self.index.lease(self.owner, self.lease_s)
+        self.renewed = time.monotonic()
+
+    def renewal_due(self) -> float:
+        """Seconds until the lease is due for renewal."""
+        return max(self.renewed + self.lease_s / 3 - time.monotonic(), 0.0)
 
     async def run(self) -> None:
-        while True:
+        while not self.stopping:
             try:
                 await self.flush()
                 await self.idle()
@@ -62,8 +77,13 @@ class IndexWriter:
                 await self.reconnect()
 
     async def flush(self) -> None:
-        """Apply every queued write; IndexUnavailable when the index cannot be reached."""
-        while self.queue:
+        """Apply every queued write, renewing the lease whenever it is due; IndexUnavailable when the index cannot be
+        reached."""
+        while True:
+            if not self.renewal_due():
+                await self.renew()
+            if not self.queue:
+                return
             request_id, write = self.queue[0]
             try:
                 await write(self.index)
@@ -77,28 +97,29 @@ class IndexWriter:
             self.queue.popleft()
 
     async def idle(self) -> None:
+        """Until a write is queued or the lease is due (its renewal tells new requests that the index is down)."""
         self.wake.clear()
-        if self.queue:
+        if self.queue or self.stopping:
             return
-        try:
-            await asyncio.wait_for(self.wake.wait(), HEARTBEAT_S)
+        try:  # not wait_for: on 3.11 it swallows a cancel that comes as the event is set
+            async with asyncio.timeout(self.renewal_due()):
+                await self.wake.wait()
         except TimeoutError:
-            await self.index.ping()
+            pass
 
     def fail(self, error: IndexUnavailable) -> None:
-        with self.lock:
-            if self.down is None:
-                log.warning("cache index (%s) unavailable: %s", self.index, error)
-            self.down = f"cache index ({self.index}) unavailable: {error}"
-            self.changed |= {rid for rid, _ in self.queue}
-            self.queue.clear()
+        if self.down is None:
+            log.warning("cache index (%s) unavailable: %s", self.index, error)
+        self.down = f"cache index ({self.index}) unavailable: {error}"
+        self.changed |= {rid for rid, _ in self.queue}
+        self.queue.clear()
 
     async def reconnect(self) -> None:
         wait = RETRY_S[0]
-        while True:
+        while not self.stopping:
             await asyncio.sleep(wait)
             try:
-                await self.index.ping()
+                await self.renew()
             except IndexUnavailable as e:
                 self.fail(e)
                 wait = min(2 * wait, RETRY_S[1])
@@ -108,8 +129,7 @@ class IndexWriter:
             return
 
     def recover(self) -> None:
-        with self.lock:
-            changed = self.changed | {rid for rid, _ in self.queue}
-            self.queue = deque(self.restore(changed))
-            self.changed.clear()
-            self.down = None
+        changed = self.changed | {rid for rid, _ in self.queue}
+        self.queue = deque(self.restore(changed))
+        self.changed.clear()
+        self.down = None

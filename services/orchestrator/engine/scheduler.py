@@ -43,6 +43,7 @@ class Admission(Protocol):
     placement: Placement  # the ledger
 
     async def start(self) -> None: ...  # on the serving event loop, before the first step
+    async def stop(self) -> None: ...  # after the last step
     def fits(self, er: EngineRequest) -> bool: ...  # could ever be admitted; Unavailable: not now
     def admit(self, er: EngineRequest) -> bool: ...  # reserve its tokens if there is room now
     def progress(self, er: EngineRequest) -> None: ...  # after each round: record what it committed
@@ -56,6 +57,9 @@ class LedgerAdmission:
         self.placement = placement
 
     async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
         pass
 
     def fits(self, er: EngineRequest) -> bool:

@@ -22,7 +22,7 @@ def index(redis_url):
 
 def engine_with(engine, index: CacheIndex, budget: int, max_queue: int = 4) -> Engine:
     placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
-    admission = IndexAdmission(index, placement, ttl_s=60)
+    admission = IndexAdmission(index, placement, ttl_s=60, owner="orchestrator-test", lease_s=0.15)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
     return Engine(type(config)(models=config.models, serving=serving), executor=engine.executor, admission=admission)
@@ -142,13 +142,12 @@ async def settled(admission: IndexAdmission, down: bool) -> None:
 @pytest.mark.parametrize(
     "noticed, lost",
     [("write", False), ("ping", False), ("ping", True), (None, True)],
-    ids=["down-noticed-by-a-write", "down-noticed-by-a-ping", "restarted-empty", "restarted-empty-unnoticed"],
+    ids=["down-noticed-by-a-write", "down-noticed-by-the-lease", "restarted-empty", "restarted-empty-unnoticed"],
 )
-async def test_index_outage_loses_no_record_and_leaves_no_key(engine, index, monkeypatch, noticed, lost):
-    """The index is unreachable for a while (noticed by a failed write or by the idle ping), keeping its data or
+async def test_index_outage_loses_no_record_and_leaves_no_key(engine, index, noticed, lost):
+    """The index is unreachable for a while (noticed by a failed write or by the lease renewal), keeping its data or
     losing it (a restart without persistence); or it restarts empty between two writes, unnoticed but for a commit
     to a missing entry. A request ends meanwhile: its release must reach the index too."""
-    monkeypatch.setattr("services.orchestrator.cluster.index_writer.HEARTBEAT_S", 0.05)
     index = Flaky(index)
     eng = engine_with(engine, index, budget=1000)
     admission = eng.scheduler.admission
