@@ -119,10 +119,11 @@ class CausalDrafter:
             known = req.decided | req.filled
             masked = (~known[region.start : region.end]).nonzero().squeeze(-1) + region.start
             ids = torch.cat([req.tokens[context], torch.full((len(masked),), req.mask_id)])
-            if ar_head and len(masked):  # the head reads the output of the token before the first mask: it must run
-                uncache(self.kv.get(req, new_cache), req, int(masked[0]) - 1)
+            before = int(masked[0]) - 1 if ar_head and len(masked) else None  # where the head's input stands
+            if before is not None:  # the head reads that token's output: it must run in this forward
+                uncache(self.kv.get(req, new_cache), req, before)
             item, tokens = self.item(req, ids, torch.cat([context, masked]), None)
-            head = input_at(item, req.prompt_len + int(masked[0]) - 1) if ar_head and len(masked) else None
+            head = input_at(item, req.prompt_len + before) if before is not None else None
             if head is not None:
                 item.wanted = slice(min(head, item.keep), None)
             items.append(item)

@@ -138,8 +138,10 @@ class BlockParams:
         """A causal drafter's predictions before an EOS never see past it: it keeps EOS truncation (000 B.1)."""
         return Commit("block", self.block_size, eos=self.eos if self.drafter == "bidirectional" else "truncate")
 
-    def stages(self, catalog: Catalog, gate: Gate, verify: Verifier | None = None, *roles: str) -> Stages:
-        return Stages(self.proposer(catalog), gate, self.committer(), verify, ("drafter", *roles))
+    def stages(
+        self, catalog: Catalog, gate: Gate, verify: Verifier | None = None, *roles: str, ar_head: bool = False
+    ) -> Stages:
+        return Stages(self.proposer(catalog, ar_head=ar_head), gate, self.committer(), verify, ("drafter", *roles))
 
 
 @dataclass(slots=True)
@@ -247,8 +249,7 @@ class GuidedParams(BlockParams):
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "guider")
         gate = GuiderAgreement(self.top_k_match, self.guidance_threshold, False, follow=self.follow)
-        proposer = self.proposer(catalog, ar_head=self.frontier_head == "ar")
-        return Stages(proposer, gate, self.committer(), GuiderVerify(self.top_k_match), ("drafter", "guider"))
+        return self.stages(catalog, gate, GuiderVerify(self.top_k_match), "guider", ar_head=self.frontier_head == "ar")
 
 
 @dataclass(slots=True)
