@@ -55,6 +55,11 @@ class Deltas:
     def sent(self) -> int:
         return self.text.sent_ids
 
+    @property
+    def chars(self) -> int:
+        """Characters of text sent so far."""
+        return len(self.text.text)
+
     async def __aiter__(self) -> AsyncIterator[Delta]:
         async for event in self.job.outputs():
             spans = sum(len(ids) for _, ids in event.spans)

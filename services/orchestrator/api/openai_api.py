@@ -1,6 +1,11 @@
 """The OpenAI-compatible HTTP API (FastAPI, served by the Serve HTTP proxy through `serve.ingress`) over the same
 Frontend as gRPC: POST /v1/completions and /v1/chat/completions (JSON, or SSE ending with `data: [DONE]`),
-GET /v1/models and /health. Bad input is a 400 in OpenAI's error shape naming the field, never a 500."""
+GET /v1/models and /health. Bad input is a 400 in OpenAI's error shape naming the field, never a 500.
+
+A stream resumes as MCP's streamable HTTP does: every SSE event has an `id:` (REQUEST_ID:CHARACTERS:TOKENS, what
+the client holds once it has the event), and the same POST again with a `Last-Event-ID` header goes on from there,
+on whichever orchestrator the request reaches (frontend.py `resume`), with no character repeated or missing. A
+client that did not ask for logprobs, and so never sees token counts, may send REQUEST_ID:CHARACTERS."""
 
 import hmac
 import json
@@ -8,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from uuid import uuid4
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -17,7 +22,7 @@ from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.body_errors import invalid_body as body_error
 from services.orchestrator.api.deltas import Delta, Deltas
-from services.orchestrator.api.frontend import Frontend, Job, Spec
+from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
 from services.orchestrator.api.openai_protocol import (
     MODEL_ID,
     ChatCompletionRequest,
@@ -29,6 +34,7 @@ from services.orchestrator.api.openai_protocol import (
 )
 from services.orchestrator.decode.strategies import STRATEGIES, make_params
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
+from services.serving.cache_index import IndexUnavailable, OwnerAlive
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # others (cancelled, deadline) keep their names
 log = logging.getLogger(__name__)
@@ -101,30 +107,70 @@ async def models() -> dict:
 
 
 @api.post("/v1/completions", dependencies=[Depends(authorized)])
-async def completions(body: CompletionRequest):
+async def completions(body: CompletionRequest, last_event_id: str | None = Header(None)):
     backend = ready_backend()
     tokenizer = backend.engine.tokenizer
     prompt = body.prompt if isinstance(body.prompt, list) else tokenizer.encode(body.prompt, add_special_tokens=False)
-    job = await open_job(backend, served.limits, body, prompt, body.logprobs, body.max_tokens, "cmpl")
-    deltas = Deltas(job, backend.detokenizer(), body.stops(), frozenset(body.stop_token_ids))
-    render = CompletionRender(backend, job, body)
+    deltas = await start(backend, body, last_event_id, prompt, body.logprobs, body.max_tokens, "cmpl")
+    render = CompletionRender(backend, deltas.job, body)
     if body.stream:
-        return sse(render.stream(deltas), job)
+        return sse(render.stream(deltas), deltas)
     return await render.whole(deltas)
 
 
 @api.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-async def chat_completions(body: ChatCompletionRequest):
+async def chat_completions(body: ChatCompletionRequest, last_event_id: str | None = Header(None)):
     backend = ready_backend()
     prompt = backend.engine.encode_chat([m.model_dump() for m in body.messages])
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens
-    job = await open_job(backend, served.limits, body, prompt, top_n, max_tokens, "chatcmpl")
-    deltas = Deltas(job, backend.detokenizer(), body.stops(), frozenset(body.stop_token_ids))
-    render = ChatRender(backend, job, body)
+    deltas = await start(backend, body, last_event_id, prompt, top_n, max_tokens, "chatcmpl")
+    render = ChatRender(backend, deltas.job, body)
     if body.stream:
-        return sse(render.stream(deltas), job)
+        return sse(render.stream(deltas), deltas)
     return await render.whole(deltas)
+
+
+async def start(
+    backend: Frontend,
+    body: GenerationRequest,
+    last_event_id: str | None,
+    prompt: list[int],
+    top_n: int | None,
+    max_tokens: int | None,
+    prefix: str,
+) -> Deltas:
+    """A new request's deltas, or with Last-Event-ID those of a stream that goes on after that event."""
+    if last_event_id is None:
+        job, chars, tokens = await open_job(backend, served.limits, body, prompt, top_n, max_tokens, prefix), 0, 0
+    else:
+        request_id, chars, tokens = resume_point(last_event_id, body)
+        job = await resume_job(backend, request_id)
+    stop_ids = frozenset(body.stop_token_ids)
+    return Deltas(job, backend.detokenizer(), body.stops(), stop_ids, held_ids=tokens, held_chars=chars)
+
+
+def resume_point(last_event_id: str, body: GenerationRequest) -> tuple[str, int, int]:
+    """Last-Event-ID -> (request id, characters, token ids) the client holds."""
+    if not body.stream:
+        raise APIError(400, "Last-Event-ID resumes a stream: set stream to true", "stream")
+    request_id, *counts = last_event_id.split(":")
+    if not request_id or len(counts) not in (1, 2) or not all(c.isdigit() for c in counts):
+        message = f"Last-Event-ID must be REQUEST_ID:CHARACTERS[:TOKENS], as a stream event's id; got {last_event_id!r}"
+        raise APIError(400, message, "Last-Event-ID")
+    chars, tokens = int(counts[0]), int(counts[1]) if len(counts) == 2 else 0
+    return request_id, chars, tokens
+
+
+async def resume_job(backend: Frontend, request_id: str) -> Job:
+    try:
+        return await backend.resume(Spec([], request_id=request_id))
+    except KeyError as e:
+        raise APIError(404, e.args[0], "Last-Event-ID", "not_found_error") from None
+    except AlreadyExists as e:
+        raise APIError(409, str(e), "Last-Event-ID", "conflict_error") from None
+    except (OwnerAlive, IndexUnavailable, Unavailable) as e:  # its orchestrator may still be alive: retry
+        raise APIError(503, str(e), kind="unavailable_error") from None
 
 
 async def open_job(
@@ -166,11 +212,13 @@ async def open_job(
         raise APIError(400, str(e)) from None
 
 
-def sse(events: AsyncIterator[dict], job: Job) -> StreamingResponse:
+def sse(events: AsyncIterator[dict], deltas: Deltas) -> StreamingResponse:
+    job = deltas.job
+
     async def body() -> AsyncIterator[str]:
         try:
-            async for event in events:
-                yield f"data: {json.dumps(event)}\n\n"
+            async for event in events:  # the id: what the client holds once it has this event (Last-Event-ID)
+                yield f"id: {job.request_id}:{deltas.chars}:{deltas.sent}\ndata: {json.dumps(event)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.cancel()  # a no-op once finished; the client went away otherwise
