@@ -1,0 +1,19 @@
+"""A batched host call, timed where it runs: in process (orchestrator/engine/local_executor.py) and on a replica
+(services/serving/replica.py) alike, so that a round's breakdown (orchestrator/engine/round_timing.py) reads the
+same record either way."""
+
+import time
+
+from services.common import flops
+from services.common.contract import Args, Compute, Reply
+
+
+def timed_call(host: object, name: str, method: str, args: list[Args]) -> list[Reply]:
+    """host.method(args), each reply carrying the call's Compute (one object: the engine counts it once)."""
+    before, decoder_tokens = flops.counted(), flops.decoder_tokens()
+    start = time.time()
+    replies = getattr(host, method)(args)
+    compute = Compute(name, start, time.time(), flops.counted() - before, flops.decoder_tokens() - decoder_tokens)
+    for reply in replies:
+        reply.compute = compute
+    return replies
