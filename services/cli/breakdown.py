@@ -50,14 +50,17 @@ def from_trace(row) -> RoundTiming | None:
 
 def parts(t: RoundTiming) -> dict[str, float]:
     """A round's parts, in seconds, in the order the table shows them."""
-    out = {"round": t.round_s, "orchestrator": t.orchestrator_s, "hops": t.hops_s, "busy": t.busy_s}
+    out = {"round": t.round_s, "orchestrator": t.orchestrator_s, "hops": t.hops_s, "queue": t.queue_s}
+    out["busy"] = t.busy_s
     out |= {f"compute {h}": s for h, s in sorted(t.compute_s.items())}
     out |= {f"idle {h}": s for h, s in sorted(t.idle_s().items())}
     return out | {"overlap": t.overlap_s}
 
 
 def summary(timings: list[RoundTiming]) -> dict[str, dict[str, float]]:
-    """part -> {median, p90, mean} in milliseconds over the level's rounds; round = orchestrator + hops + busy."""
+    """part -> {median, p90, mean} in milliseconds over the level's rounds.
+
+    round = orchestrator + hops + queue + busy."""
     columns: dict[str, list[float]] = {}
     for t in timings:
         for name, s in parts(t).items():

@@ -172,13 +172,16 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Compute:
     """One batched host call where it ran (services/common/compute.py): the host, its wall-clock start and end
-    (time.time(): one clock for every process of a machine), the model FLOPs and decoder tokens of its forwards."""
+    (time.time(): one clock for every process of a machine), the model FLOPs and decoder tokens of its forwards, and
+    when the host's thread ended its previous call: a call sent before then waited for it (served, another engine's).
+    """
 
     host: str
     start: float
     end: float
     flops: int
     tokens: int
+    free_since: float = 0.0
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ def forward_flops(model: PreTrainedModel, tokens: int, attended: int, head_rows:
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * attended  # QK^T and AV
-    head = 2 * model.get_output_embeddings().weight.numel() * head_rows
+    head = 2 * sum(p.numel() for p in model.get_output_embeddings().parameters()) * head_rows
     return 2 * linear_params(model) * tokens + attention + head
 
 

@@ -30,7 +30,8 @@ def test_request_round_and_stage_spans_carry_their_attributes(tiny_zoo):
     assert all(r.parent.span_id == request.context.span_id for r in rounds)
     assert sum(r.attributes["dlm.tokens_accepted"] for r in rounds) >= len(result.token_ids)
     for r in (r.attributes for r in rounds):  # where the round went, as `dlm bench --breakdown` prints it
-        parts = r["dlm.orchestrator_s"] + r["dlm.hops_s"] + r["dlm.compute_s.drafter"] + r["dlm.compute_s.guider"]
+        parts = r["dlm.orchestrator_s"] + r["dlm.hops_s"] + r["dlm.queue_s"] + r["dlm.compute_s.drafter"]
+        parts += r["dlm.compute_s.guider"]
         assert parts + r["dlm.compute_s.filter"] == pytest.approx(r["dlm.round_s"]) and r["dlm.overlap_s"] == 0
         assert r["dlm.idle_s.guider"] == pytest.approx(r["dlm.round_s"] - r["dlm.compute_s.guider"])
         assert r["dlm.flops.drafter"] > 0

@@ -3,8 +3,11 @@ the hosts and back, and each host's compute, from the `Compute` record each batc
 (services/common/compute.py). The same split in process, where the hops are the hand-off to the executor's thread,
 and served, where they are the round trips to the replicas less what the replicas computed.
 
-    round = orchestrator + hops + busy          busy: time some host computes (per phase, the union of its calls)
+    round = orchestrator + hops + queue + busy  busy: time some host computes (per phase, the union of its calls)
     idle[host] = round - compute[host]          overlap: time at least two hosts compute at once
+
+queue: time a call was out while its host's thread still ran an earlier call (served, another engine's micro-batch),
+and no host computed for this step; hops: the rest of each phase, the round trips themselves.
 
 Compute intervals are wall-clock times of the hosts' processes (one clock on one machine), clipped to the phase that
 sent them, so a replica's clock that runs ahead or behind cannot make a hop negative."""
@@ -25,7 +28,8 @@ if TYPE_CHECKING:  # the bench's gRPC client reads RoundTiming without torch
 class RoundTiming:
     round_s: float
     orchestrator_s: float  # schedule, the stages' own work (region, gate, commit), grouping the calls
-    hops_s: float  # each phase's wall time less the time a host computed in it
+    hops_s: float  # each phase's wall time less the time a host computed or was busy before its call
+    queue_s: float  # calls out, waiting for their host's thread to end an earlier call
     overlap_s: float  # time at least two hosts computed at once
     compute_s: dict[str, float]  # host -> time it computed for this step
     flops: dict[str, int] = field(default_factory=dict)  # host -> model FLOPs of its forwards
@@ -35,7 +39,7 @@ class RoundTiming:
 
     @property
     def busy_s(self) -> float:
-        return self.round_s - self.orchestrator_s - self.hops_s
+        return self.round_s - self.orchestrator_s - self.hops_s - self.queue_s
 
     def idle_s(self) -> dict[str, float]:
         return {host: self.round_s - s for host, s in self.compute_s.items()}
@@ -46,6 +50,7 @@ class RoundTiming:
             "dlm.round_s": self.round_s,
             "dlm.orchestrator_s": self.orchestrator_s,
             "dlm.hops_s": self.hops_s,
+            "dlm.queue_s": self.queue_s,
             "dlm.overlap_s": self.overlap_s,
         }
         for host, s in self.compute_s.items():
@@ -86,7 +91,8 @@ class StepClock:
     def __init__(self):
         self.start = time.time()
         self.phases: list[tuple[float, float]] = []
-        self.computes: list[tuple[Compute, tuple[float, float]]] = []  # each call once, with its clipped interval
+        # each call once, with its compute and its wait for the host's thread, clipped to the phase
+        self.computes: list[tuple[Compute, tuple[float, float], tuple[float, float]]] = []
 
     def phase(self, sent: float, back: float, results: Results) -> None:
         self.phases.append((sent, back))
@@ -98,27 +104,30 @@ class StepClock:
                 c = reply.compute
                 if c is not None and id(c) not in seen:
                     seen.add(id(c))
-                    self.computes.append((c, (min(max(c.start, sent), back), min(max(c.end, sent), back))))
+                    start, end = (min(max(t, sent), back) for t in (c.start, c.end))
+                    self.computes.append((c, (start, end), (sent, min(max(c.free_since, sent), start))))
 
     def finish(self, requests: int, end: float | None = None) -> RoundTiming:
         """requests: the rounds the step ran; end: when it ended (default now)."""
         round_s = (end if end is not None else time.time()) - self.start
         phases = sum(back - sent for sent, back in self.phases)
-        hosts = sorted({c.host for c, _ in self.computes})
-        per_host = {h: union(span for c, span in self.computes if c.host == h) for h in hosts}
-        busy = sum(
-            length(union(span for _, span in self.computes if sent <= span[0] and span[1] <= back))
-            for sent, back in self.phases
-        )
+        hosts = sorted({c.host for c, _, _ in self.computes})
+        per_host = {h: union(span for c, span, _ in self.computes if c.host == h) for h in hosts}
+        busy, covered = 0.0, 0.0
+        for sent, back in self.phases:
+            calls_in = [(span, wait) for _, span, wait in self.computes if sent <= span[0] and span[1] <= back]
+            busy += length(union(span for span, _ in calls_in))
+            covered += length(union([span for span, _ in calls_in] + [wait for _, wait in calls_in]))
         flops, tokens, calls = Counter(), Counter(), Counter()
-        for c, _ in self.computes:
+        for c, _, _ in self.computes:
             flops[c.host] += c.flops
             tokens[c.host] += c.tokens
             calls[c.host] += 1
         return RoundTiming(
             round_s,
             round_s - phases,
-            phases - busy,
+            phases - covered,
+            covered - busy,
             shared(list(per_host.values())),
             {h: length(per_host[h]) for h in hosts},
             dict(flops),

@@ -452,6 +452,6 @@ def test_remote_bench(served, tmp_path, tiny_zoo, capsys):
         parts = row["breakdown"]  # from each Complete's RoundTrace rows
         assert 0 < parts["round"]["mean"] <= row["ms_per_round"]  # a step, within what a client waits per round
         assert parts["round"]["mean"] == pytest.approx(
-            parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["busy"]["mean"]
+            parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["queue"]["mean"] + parts["busy"]["mean"]
         )
         assert parts["compute drafter"]["mean"] > 0 and parts["hops"]["mean"] > 0
