@@ -19,16 +19,18 @@ def model_shape(config: EngineConfig, host: str) -> tuple[int, int]:
     return cfg["hidden_size"], cfg["intermediate_size"]
 
 
-def matmul_flops_per_s(tokens: int, hidden: int, intermediate: int, seconds: float = 0.3) -> float:
-    """Best of repeated [tokens, hidden] x [hidden, intermediate] float32 matmuls over about `seconds`, on torch's
-    threads as this process set them."""
+def matmul_flops_per_s(tokens: int, hidden: int, intermediate: int, seconds: float = 1.0, least: int = 20) -> float:
+    """Best of repeated [tokens, hidden] x [hidden, intermediate] float32 matmuls, at least `least` runs of ten and
+    for about `seconds`, on torch's threads as this process set them: best of, since the threads of the forwards just
+    run may still spin for a while (OpenMP's block time), and a shared machine's other work comes and goes."""
     import torch
 
     a, b = torch.randn(tokens, hidden), torch.randn(hidden, intermediate)
     for _ in range(3):
         a @ b
-    best, end = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    best, runs, end = float("inf"), 0, time.perf_counter() + seconds
+    while runs < least or time.perf_counter() < end:
+        runs += 1
         start = time.perf_counter()
         for _ in range(10):
             a @ b
