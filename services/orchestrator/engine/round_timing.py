@@ -91,8 +91,9 @@ class StepClock:
     def __init__(self):
         self.start = time.time()
         self.phases: list[tuple[float, float]] = []
-        # each call once, with its compute and its wait for the host's thread, clipped to the phase
+        # each call once, with its compute and its wait for the host's thread, clipped to its phase
         self.computes: list[tuple[Compute, tuple[float, float], tuple[float, float]]] = []
+        self.phase_of: list[int] = []  # per entry of computes, its phase
 
     def phase(self, sent: float, back: float, results: Results) -> None:
         self.phases.append((sent, back))
@@ -106,6 +107,7 @@ class StepClock:
                     seen.add(id(c))
                     start, end = (min(max(t, sent), back) for t in (c.start, c.end))
                     self.computes.append((c, (start, end), (sent, min(max(c.free_since, sent), start))))
+                    self.phase_of.append(len(self.phases) - 1)
 
     def finish(self, requests: int, end: float | None = None) -> RoundTiming:
         """requests: the rounds the step ran; end: when it ended (default now)."""
@@ -114,8 +116,8 @@ class StepClock:
         hosts = sorted({c.host for c, _, _ in self.computes})
         per_host = {h: union(span for c, span, _ in self.computes if c.host == h) for h in hosts}
         busy, covered = 0.0, 0.0
-        for sent, back in self.phases:
-            calls_in = [(span, wait) for _, span, wait in self.computes if sent <= span[0] and span[1] <= back]
+        for i in range(len(self.phases)):
+            calls_in = [(span, wait) for (_, span, wait), p in zip(self.computes, self.phase_of, strict=True) if p == i]
             busy += length(union(span for span, _ in calls_in))
             covered += length(union([span for span, _ in calls_in] + [wait for _, wait in calls_in]))
         flops, tokens, calls = Counter(), Counter(), Counter()
