@@ -134,7 +134,7 @@ def bench_local(args) -> int:
         params = parse_sets(args.set)  # for every listed strategy; the baselines keep their own
         rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=dict.fromkeys(strategies, params))
     print(table(rows))
-    if getattr(args, "breakdown", False) and args.concurrency:
+    if args.breakdown and args.concurrency:
         from services.cli.breakdown import tables
 
         print(tables(rows))

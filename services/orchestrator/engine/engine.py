@@ -194,8 +194,9 @@ class Engine:
             {er.req.id: (er.req, one_round(er.req, er.stages)) for er in running}, self.telemetry.round_begins(running)
         )
         while rounds.waiting:
+            groups, parents = rounds.groups(), rounds.parents()
             sent = time.time()
-            call = asyncio.ensure_future(self.executor.execute(rounds.groups(), rounds.parents()))
+            call = asyncio.ensure_future(self.executor.execute(groups, parents))
             while not call.done():
                 await asyncio.wait({call}, timeout=self.next_deadline(rounds))
                 self.expire(rounds, emit)

@@ -7,7 +7,9 @@ and served, where they are the round trips to the replicas less what the replica
     idle[host] = round - compute[host]          overlap: time at least two hosts compute at once
 
 queue: time a call was out while its host's thread still ran an earlier call (served, another engine's micro-batch),
-and no host computed for this step; hops: the rest of each phase, the round trips themselves.
+and no host computed for this step; hops: the rest of each phase, the round trips themselves. The round ends when its
+last phase's values are delivered (the gate and commit included); the step's update after it (emitting the outputs,
+which carry this record) is not in it.
 
 Compute intervals are wall-clock times of the hosts' processes (one clock on one machine), clipped to the phase that
 sent them, so a replica's clock that runs ahead or behind cannot make a hop negative."""
