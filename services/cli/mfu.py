@@ -19,21 +19,34 @@ def model_shape(config: EngineConfig, host: str) -> tuple[int, int]:
     return cfg["hidden_size"], cfg["intermediate_size"]
 
 
-def matmul_flops_per_s(tokens: int, hidden: int, intermediate: int, seconds: float = 1.0, least: int = 20) -> float:
-    """Best of repeated [tokens, hidden] x [hidden, intermediate] float32 matmuls, at least `least` runs of ten and
-    for about `seconds`, on torch's threads as this process set them: best of, since the threads of the forwards just
-    run may still spin for a while (OpenMP's block time), and a shared machine's other work comes and goes."""
+def matmul_flops_per_s(
+    tokens: int,
+    hidden: int,
+    intermediate: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seconds: float = 1.0,
+    least: int = 20,
+) -> float:
+    """Best of repeated [tokens, hidden] x [hidden, intermediate] matmuls on the models' device and dtype, at least
+    `least` runs of ten and for about `seconds`, on torch's threads as this process set them: best of, since the
+    threads of the forwards just run may still spin for a while (OpenMP's block time), and a shared machine's other
+    work comes and goes."""
     import torch
 
-    a, b = torch.randn(tokens, hidden), torch.randn(hidden, intermediate)
+    a = torch.randn(tokens, hidden, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(hidden, intermediate, device=device, dtype=getattr(torch, dtype))
+    sync = torch.cuda.synchronize if a.is_cuda else lambda: None  # a CUDA matmul returns before it runs
     for _ in range(3):
         a @ b
     best, runs, end = float("inf"), 0, time.perf_counter() + seconds
     while runs < least or time.perf_counter() < end:
         runs += 1
+        sync()
         start = time.perf_counter()
         for _ in range(10):
             a @ b
+        sync()
         best = min(best, (time.perf_counter() - start) / 10)
     return 2 * tokens * hidden * intermediate / best
 
@@ -47,6 +60,7 @@ def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig) -> Non
     hidden, intermediate = model_shape(config, host)
     tokens = done.tokens_per_call(host)
     row.model_gflops_per_s = sum(done.flops.values()) / row.wall_s / 1e9
-    row.matmul_gflops_per_s = matmul_flops_per_s(tokens, hidden, intermediate) / 1e9
+    reference = matmul_flops_per_s(tokens, hidden, intermediate, config.device, config.dtype)
+    row.matmul_gflops_per_s = reference / 1e9
     row.mfu = row.model_gflops_per_s / row.matmul_gflops_per_s
     row.matmul_shape = f"[{tokens}, {hidden}] x [{hidden}, {intermediate}]"
