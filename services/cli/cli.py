@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ben.add_argument("--strategy", default=None, choices=sorted(STRATEGY_NAMES), help="with --concurrency or --target")
     ben.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="with --concurrency or --target: per round, the orchestrator, the hops, each model's compute and idle "
+        "time, their overlap (median, p90, mean)",
+    )
+    ben.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="params of --strategy or each of --strategies"
     )
     client_flags(ben)

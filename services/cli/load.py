@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a gRPC client of this module never imports torch
     from services.orchestrator.engine.engine import Engine
+    from services.orchestrator.engine.round_timing import RoundTiming
 
 
 @dataclass(slots=True)
@@ -26,6 +27,11 @@ class LoadRow:
     ttft_mean_s: float  # request sent -> first text
     ms_per_round: float  # latency over the engine's rounds: compare served with in-process
     tpf: float
+    model_gflops_per_s: float = 0.0  # model FLOPs of the forwards run (services/common/flops.py) over wall time
+    matmul_gflops_per_s: float = 0.0  # torch's matmul on the busiest model's shapes, here, in this run (mfu.py)
+    mfu: float = 0.0  # the first over the second
+    matmul_shape: str = ""
+    breakdown: dict | None = None  # part -> {median, p90, mean} ms per round (dlm bench --breakdown)
 
 
 @dataclass(slots=True)
@@ -70,14 +76,20 @@ def load_row(concurrency: int, timings: list[Timing], wall_s: float) -> LoadRow:
 
 
 def table(rows: list[LoadRow]) -> str:
-    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF")
+    head = ("conc", "reqs", "tok/s", "req/s", "p50 s", "p90 s", "p99 s", "ttft s", "ms/rnd", "TPF", "GFLOP/s", "MFU")
     lines = [" ".join(f"{h:>7}" for h in head)]
     for r in rows:
         lines.append(
             f"{r.concurrency:>7} {r.requests:>7} {r.tokens_per_s:>7.1f} {r.requests_per_s:>7.2f} "
             f"{r.latency_p50_s:>7.3f} {r.latency_p90_s:>7.3f} {r.latency_p99_s:>7.3f} {r.ttft_mean_s:>7.3f} "
-            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f}"
+            f"{r.ms_per_round:>7.1f} {r.tpf:>7.2f} {r.model_gflops_per_s:>7.2f} {r.mfu:>7.1%}"
         )
+    lines += [
+        f"c={r.concurrency} MFU: model {r.model_gflops_per_s:.2f} GFLOP/s over matmul {r.matmul_shape} "
+        f"{r.matmul_gflops_per_s:.1f} GFLOP/s"
+        for r in rows
+        if r.matmul_gflops_per_s
+    ]
     return "\n".join(lines)
 
 
@@ -90,17 +102,20 @@ def levels(spec: str) -> list[int]:
 
 def engine_level(
     engine: Engine, concurrency: int, prompts: list[str], strategy: str | None, params: dict, max_new_tokens: int
-) -> LoadRow:
-    """Closed loop on the in-process engine: whenever a request ends, the next prompt takes its place."""
+) -> tuple[LoadRow, list[RoundTiming]]:
+    """Closed loop on the in-process engine: whenever a request ends, the next prompt takes its place. -> the row,
+    and each round's step timing."""
     from services.common.sampling import SamplingParams
 
-    queue, live, timings = list(reversed(work(prompts, concurrency))), {}, []
+    queue, live, timings, steps = list(reversed(work(prompts, concurrency))), {}, [], []
     start = time.perf_counter()
     while queue or live:
         while queue and len(live) < concurrency:
             req = engine.add_request(queue.pop(), strategy, params, max_new_tokens, SamplingParams())
             live[req.id] = req
         for out in engine.step():
+            if out.timing is not None and out.request_id in live:
+                steps.append(out.timing)
             req = live.get(out.request_id)
             if req is not None and out.finish_reason is not None:
                 if out.error is not None:
@@ -109,4 +124,4 @@ def engine_level(
                 end = stats.end_s or time.perf_counter()
                 first = stats.first_commit_s or end
                 timings.append(Timing(end - stats.start_s, first - stats.start_s, stats.tokens, stats.rounds))
-    return load_row(concurrency, timings, time.perf_counter() - start)
+    return load_row(concurrency, timings, time.perf_counter() - start), steps

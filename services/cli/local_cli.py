@@ -110,13 +110,18 @@ def write_trace(trace, args, req, engine) -> None:
 def bench_local(args) -> int:
     engine = engine_from(args)
     if args.concurrency:
+        from services.cli.breakdown import finish_level
         from services.cli.load import engine_level, levels, table
         from services.common.params import BENCH_PROMPTS
 
         params = parse_sets(args.set)
         engine.generate(BENCH_PROMPTS[0], args.strategy, params, 4)  # load weights and warm up outside the timings
         rows = [
-            engine_level(engine, c, BENCH_PROMPTS, args.strategy, params, args.max_new_tokens)
+            finish_level(
+                *engine_level(engine, c, BENCH_PROMPTS, args.strategy, params, args.max_new_tokens),
+                engine.config,
+                args.breakdown,
+            )
             for c in levels(args.concurrency)
         ]
     else:
@@ -129,6 +134,10 @@ def bench_local(args) -> int:
         params = parse_sets(args.set)  # for every listed strategy; the baselines keep their own
         rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=dict.fromkeys(strategies, params))
     print(table(rows))
+    if args.breakdown and args.concurrency:
+        from services.cli.breakdown import tables
+
+        print(tables(rows))
     if args.plot:
         from services.cli.plots import draw_bench
 

@@ -8,10 +8,13 @@ from dataclasses import asdict
 
 import grpc
 
+from services.cli.breakdown import finish_level, from_trace, tables
 from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
+from services.common.config import EngineConfig
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
+from services.orchestrator.engine.round_timing import RoundTiming
 from services.serving.security import api_key
 from services.serving.wire import FINISH_NAMES, pb, stats_dict
 
@@ -81,26 +84,30 @@ def entry(lp) -> dict:
     return logprob_entry(lp.token_id, lp.token, lp.logprob, top, [t.token for t in lp.top], lp.verified)
 
 
-def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> Timing:
-    """One streamed request: latency, time to first chunk, completion tokens, rounds."""
+def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[Timing, list[RoundTiming]]:
+    """One streamed request: latency, time to first chunk, completion tokens, rounds; and its rounds' step timings."""
     start = time.perf_counter()
-    first, tokens, rounds = None, 0, 0
-    for event in client.stream(prompt, **kwargs):
+    first, tokens, rounds, steps = None, 0, 0, []
+    for event in client.stream(prompt, trace=True, **kwargs):
         if isinstance(event, pb.Chunk) and first is None:
             first = time.perf_counter() - start
         elif isinstance(event, pb.Complete):
             tokens, rounds = event.usage.completion_tokens, event.stats.rounds
+            steps = [t for t in map(from_trace, event.trace) if t is not None]
     latency = time.perf_counter() - start
-    return Timing(latency, first if first is not None else latency, tokens, rounds)
+    return Timing(latency, first if first is not None else latency, tokens, rounds), steps
 
 
-def load_level(client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict) -> LoadRow:
+def load_level(
+    client: DlmClient, concurrency: int, prompts: list[str], kwargs: dict
+) -> tuple[LoadRow, list[RoundTiming]]:
     """`concurrency` streams at once over the prompt set."""
     sent = work(prompts, concurrency)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        timings = list(pool.map(lambda p: timed_stream(client, p, kwargs), sent))
-    return load_row(concurrency, timings, time.perf_counter() - start)
+        done = list(pool.map(lambda p: timed_stream(client, p, kwargs), sent))
+    row = load_row(concurrency, [timing for timing, _ in done], time.perf_counter() - start)
+    return row, [step for _, steps in done for step in steps]
 
 
 def bench_remote(args) -> int:
@@ -113,10 +120,16 @@ def bench_remote(args) -> int:
         with client_for(args) as client:
             client.wait_ready()
             client.generate(PROMPTS[0], **{**kwargs, "max_new_tokens": 4})  # warm up outside the timings
-            rows = [load_level(client, c, PROMPTS, kwargs) for c in concurrency]
+            levels_run = [load_level(client, c, PROMPTS, kwargs) for c in concurrency]
     except grpc.RpcError as e:
         return rpc_error(e)
+    # MFU's reference matmul runs here, on the served models' shapes from the local config: this machine's, on a
+    # loopback target
+    config = EngineConfig.from_yaml(args.config)
+    rows = [finish_level(row, steps, config, args.breakdown) for row, steps in levels_run]
     print(table(rows))
+    if args.breakdown:
+        print(tables(rows))
     if args.plot:
         from services.cli.plots import draw_bench
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from services.common import flops
 from services.common.kv import append, cache_len, truncate
 from services.common.packed_attention import Segment
 
@@ -52,6 +53,7 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     device = model.device
     if len(items) == 1 and items[0].groups is None:
         return [forward_one(model, items[0])]
+    count_flops(model, items)
     ids = torch.tensor([t for item in items for t in item.input_ids], device=device)[None]  # [1, Q]
     pos = torch.tensor([p for item in items for p in item.position_ids], device=device)[None]
     embeds = model.get_input_embeddings()(ids)  # [1, Q, H]
@@ -80,6 +82,7 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
 
 
 def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
+    count_flops(model, [item])
     device, past = model.device, cache_len(item.cache)
     n = len(item.input_ids)
     if item.embeds is None:
@@ -97,6 +100,14 @@ def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
         append(item.rest, item.cache, slice(past + item.keep, past + n))
     truncate(item.cache, past + item.keep)
     return head(model, [out.last_hidden_state[0]], [item])[0]
+
+
+def count_flops(model: PreTrainedModel, items: list[Item]) -> None:
+    """Before the forward, while each cache holds only its past."""
+    tokens = [len(item.input_ids) for item in items]
+    attended = sum(q * (cache_len(item.cache) + q) for q, item in zip(tokens, items, strict=True))
+    rows = sum(q if item.wanted is None else len(range(q)[item.wanted]) for q, item in zip(tokens, items, strict=True))
+    flops.add(flops.forward_flops(model, sum(tokens), attended, rows), sum(tokens))
 
 
 def head(model: PreTrainedModel, hidden: list[torch.Tensor], items: list[Item]) -> list[torch.Tensor]:

@@ -87,6 +87,9 @@ class ServingConfig:
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
     lease_s: float = 2.0  # an orchestrator's lease in the index: its requests are adopted this long after it died
     replicas: dict[str, int] = field(default_factory=dict)  # deployment -> replicas (drafter, guider, ar, filter); 1
+    # deployment -> custom Ray resources each of its replicas needs, e.g. {"drafter": {"gpu_node_a": 1}}: which node
+    # (which machine) runs it, where the nodes were started with those resources (`ray start --resources`)
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
     call_timeout_s: float = 30.0  # a model call that takes longer counts its replica as lost: its requests move
     resume_timeout_s: float = 60.0  # how long a request whose replica was lost waits for another before UNAVAILABLE
     limits: Limits = field(default_factory=Limits)
@@ -118,6 +121,15 @@ class ServingConfig:
         bad = {d: n for d, n in self.replicas.items() if d not in deployments or not isinstance(n, int) or n < 1}
         if bad:
             raise ValueError(f"serving.replicas: deployment -> count >= 1 for {deployments}, got {bad}")
+        bad = {
+            d: r
+            for d, r in self.resources.items()
+            if d not in deployments
+            or not isinstance(r, Mapping)
+            or not all(isinstance(v, int | float) and v > 0 for v in r.values())
+        }
+        if bad:
+            raise ValueError(f"serving.resources: deployment -> {{resource: amount > 0}} for {deployments}, got {bad}")
         if min(self.call_timeout_s, self.resume_timeout_s) <= 0:
             raise ValueError("serving.call_timeout_s and serving.resume_timeout_s must be > 0")
 

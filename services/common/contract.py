@@ -169,11 +169,27 @@ class Call:
         return self.args.method
 
 
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """One batched host call where it ran (services/common/compute.py): the host, its wall-clock start and end
+    (time.time(): one clock for every process of a machine), the model FLOPs and decoder tokens of its forwards, and
+    when the host's thread ended its previous call: a call sent before then waited for it (served, another engine's).
+    """
+
+    host: str
+    start: float
+    end: float
+    flops: int
+    tokens: int
+    free_since: float = 0.0
+
+
 @dataclass(slots=True)
 class Reply:
     value: Any
     tokens: int = 0  # token instances the call ran through the model for this request (p_cache's N_fwd)
     generator: torch.Generator | None = None  # the request's sampling RNG after the call (a remote host ran a copy)
+    compute: Compute | None = None  # the batched call it came from, shared by every reply of that call
 
 
 Stage = Generator[list[Call], list[Any], T]  # yields calls, receives their values in order, returns T

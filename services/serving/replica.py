@@ -16,6 +16,7 @@ from ray.actor import ActorHandle
 from ray.serve.metrics import Gauge
 
 import services.serving.pickling  # noqa: F401  the contract's classes cross the hop compactly
+from services.common.compute import timed_call
 from services.common.contract import Args, Reply
 from services.common.kv_manager import KVManager
 from services.common.tracing import stage_spans
@@ -32,8 +33,9 @@ class ReplicaHost:
         self.kv_budget = kv_budget_tokens
         self.kv_usage = Gauge("dlm_kv_cache_usage_perc", description="Fraction of the replica's KV budget cached")
         # The host's calls and releases run one at a time on a thread of their own, as in process
-        # (engine/local_executor.py), rather than on the worker threads Serve gives a sync method, where two calls could
-        # touch the host's caches at once and the drafter's propose ran 5-17% slower (scripts/replica_forward.py).
+        # (engine/local_executor.py), rather than on the worker threads Serve gives a sync method, where two calls
+        # could touch the host's caches at once and the drafter's propose ran 5-17% slower (its compute in
+        # `dlm bench --breakdown`).
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-host")
         global HOST
         HOST = self
@@ -47,7 +49,7 @@ class ReplicaHost:
     def call(self, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
         try:
             with stage_spans(self.deployment, method, parents, self.replica):
-                return getattr(self, method)(args)
+                return timed_call(self, self.deployment, method, args)
         finally:
             self.report_kv()
 

@@ -144,3 +144,14 @@ def test_secrets_are_files_or_environment_variables_never_config_keys(tmp_path):
         ServingConfig(tls_cert_file="server.pem")
     with pytest.raises(ValueError, match="mTLS"):
         ServingConfig(tls_client_ca_file="ca.pem")
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [{"drafterr": {"node_a": 1}}, {"drafter": {"node_a": 0}}, {"guider": ["node_b"]}],
+    ids=["unknown deployment", "no amount", "not a mapping"],
+)
+def test_serving_resources_name_the_bad_placement(resources):
+    with pytest.raises(ValueError, match="serving.resources: deployment -> {resource: amount > 0}"):
+        EngineConfig(serving={"resources": resources})
+    assert EngineConfig(serving={"resources": {"drafter": {"node_a": 1}}}).serving.resources["drafter"] == {"node_a": 1}

@@ -3,6 +3,8 @@
 import json
 import logging
 
+import pytest
+
 from services.common.config import EngineConfig
 from services.orchestrator.engine.engine import Engine
 from tests.observability.spans import memory_exporter
@@ -27,6 +29,12 @@ def test_request_round_and_stage_spans_carry_their_attributes(tiny_zoo):
     assert len(rounds) == result.stats["rounds"]
     assert all(r.parent.span_id == request.context.span_id for r in rounds)
     assert sum(r.attributes["dlm.tokens_accepted"] for r in rounds) >= len(result.token_ids)
+    for r in (r.attributes for r in rounds):  # where the round went, as `dlm bench --breakdown` prints it
+        parts = r["dlm.orchestrator_s"] + r["dlm.hops_s"] + r["dlm.queue_s"] + r["dlm.compute_s.drafter"]
+        parts += r["dlm.compute_s.guider"]
+        assert parts + r["dlm.compute_s.filter"] == pytest.approx(r["dlm.round_s"]) and r["dlm.overlap_s"] == 0
+        assert r["dlm.idle_s.guider"] == pytest.approx(r["dlm.round_s"] - r["dlm.compute_s.guider"])
+        assert r["dlm.flops.drafter"] > 0
     round_ids = {r.context.span_id for r in rounds}
     assert {s.name for s in stages} >= {"drafter.propose", "guider.verify", "filter.accept_probs"}
     assert all(s.parent.span_id in round_ids and s.attributes["dlm.replica"] == "local" for s in stages)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from services.common.proposal import TokenLogprob
 from services.orchestrator.api.detok import Detokenizer, TextStream
 from services.orchestrator.api.frontend import Job
+from services.orchestrator.engine.round_timing import RoundTiming
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class RoundRow:
     prefix_tokens: int
     span_tokens: int
     elapsed_s: float
+    timing: RoundTiming | None = None  # where its step went (None: the request ended without a round)
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Deltas:
     async def __aiter__(self) -> AsyncIterator[Delta]:
         async for event in self.job.outputs():
             spans = sum(len(ids) for _, ids in event.spans)
-            self.rows.append(RoundRow(len(self.rows) + 1, len(event.ids), spans, event.elapsed_s))
+            self.rows.append(RoundRow(len(self.rows) + 1, len(event.ids), spans, event.elapsed_s, event.timing))
             if self.stopped:
                 continue  # drain until the backend has released the request
             ids = self.cut_at_stop_token(event.ids)

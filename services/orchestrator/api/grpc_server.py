@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from services.common.config import Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
-from services.orchestrator.api.deltas import Deltas
+from services.orchestrator.api.deltas import Deltas, RoundRow
 from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
@@ -116,7 +116,7 @@ class DlmServicer(rpc.DlmServiceServicer):
         reason = deltas.finish_reason
         if reason == "deadline":
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while decoding")
-        trace = [pb.RoundTrace(**asdict(row)) for row in deltas.rows] if request.trace else []
+        trace = [round_trace(row) for row in deltas.rows] if request.trace else []
         complete = pb.Complete(
             finish_reason=FINISH.get(reason, pb.FINISH_REASON_UNSPECIFIED),
             usage=pb.Usage(prompt_tokens=job.prompt_tokens, completion_tokens=deltas.sent),
@@ -185,6 +185,14 @@ class DlmServicer(rpc.DlmServiceServicer):
                 max_logprobs=limits.max_logprobs,
             ),
         )
+
+
+def round_trace(row: RoundRow):
+    """A round's row, with its step's timing where it had one (the message's fields are RoundTiming's)."""
+    timing = asdict(row.timing) if row.timing is not None else {}
+    return pb.RoundTrace(
+        round=row.round, prefix_tokens=row.prefix_tokens, span_tokens=row.span_tokens, elapsed_s=row.elapsed_s, **timing
+    )
 
 
 def chunk(text: str, ids: list[int], sent: int, rounds: int, logprobs: list):

@@ -128,8 +128,11 @@ def build_app(args: dict | None = None):
     pinned = {**model, "request_router_config": RequestRouterConfig(request_router_class=PinnedRouter)}
 
     def options(deployment: str, base: dict) -> dict:
-        count = serving.replicas.get(deployment)
-        return {**base, "name": deployment, **({"num_replicas": count} if count else {})}
+        count, resources = serving.replicas.get(deployment), serving.resources.get(deployment)
+        out = {**base, "name": deployment, **({"num_replicas": count} if count else {})}
+        if resources:  # placed on the nodes that offer these
+            out["ray_actor_options"] = {**base["ray_actor_options"], "resources": dict(resources)}
+        return out
 
     handles = {}
     if {"drafter", "drafter_bidirectional"} & set(cfg.models):

@@ -19,6 +19,7 @@ from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import make_params
 from services.orchestrator.engine.local_executor import LocalExecutor
 from services.orchestrator.engine.output import RequestOutput
+from services.orchestrator.engine.round_timing import RoundTiming, StepClock
 from services.orchestrator.engine.rounds import Rounds
 from services.orchestrator.engine.scheduler import Admission, EngineRequest, LedgerAdmission, Scheduler, Unavailable
 from services.orchestrator.engine.telemetry import Telemetry
@@ -186,18 +187,22 @@ class Engine:
     async def step_async(self, emit: Emit) -> StepPlan:
         """One step; each request's output is emitted as soon as it is known (one whose deadline passes while a
         model call is out ends then, and the call goes on for the others)."""
+        clock = StepClock()
         plan = self.schedule(emit)
         running = [self.requests[rid] for rid in plan.running]
         rounds = Rounds(
             {er.req.id: (er.req, one_round(er.req, er.stages)) for er in running}, self.telemetry.round_begins(running)
         )
         while rounds.waiting:
-            call = asyncio.ensure_future(self.executor.execute(rounds.groups(), rounds.parents()))
+            groups, parents = rounds.groups(), rounds.parents()
+            sent = time.time()
+            call = asyncio.ensure_future(self.executor.execute(groups, parents))
             while not call.done():
                 await asyncio.wait({call}, timeout=self.next_deadline(rounds))
                 self.expire(rounds, emit)
+            clock.phase(sent, time.time(), call.result())
             rounds.deliver(call.result())
-        self.update(rounds, emit)
+        self.update(rounds, emit, clock.finish(len(rounds.done)))
         return plan
 
     def step(self) -> list[RequestOutput]:
@@ -226,17 +231,17 @@ class Engine:
                 rounds.drop(rid, TimeoutError("deadline passed while a model call was out"))
                 emit(self.end(er, "deadline"))
 
-    def update(self, rounds: Rounds, emit: Emit) -> None:
+    def update(self, rounds: Rounds, emit: Emit, timing: RoundTiming) -> None:
         for rid, result in rounds.done.items():
             er = self.requests.get(rid)
             if er is None:
                 continue  # ended while its round was out (a deadline)
-            self.telemetry.round_ends(er, result)
+            self.telemetry.round_ends(er, result, timing)
             if isinstance(result, BaseException):
                 emit(self.end(er, "error", result))
                 continue
             self.scheduler.admission.progress(er)
-            emit(RequestOutput.of(er.req, result))
+            emit(RequestOutput.of(er.req, result, timing))
             if er.req.finished:
                 self.end(er)
         self.flush_releases()

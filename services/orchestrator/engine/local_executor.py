@@ -5,6 +5,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from services.ar_guider.host import GuiderHost
+from services.common.compute import timed_call
 from services.common.config import EngineConfig
 from services.common.contract import ROLES, Groups, Parents, Results, host_of, kv_hosts
 from services.common.models import LoadedModel, ModelMeta, load_model
@@ -56,8 +57,9 @@ class LocalExecutor:
         results: Results = {}
         for (role, method), args in groups.items():
             try:
+                name = ROLES[role].host
                 with stage_spans(role, method, parents and parents[role, method], "local"):
-                    results[role, method] = getattr(self.host(ROLES[role].host), method)(args)
+                    results[role, method] = timed_call(self.host(name), name, method, args)
             except Exception as e:  # fails the requests of this group only
                 results[role, method] = e
         return results

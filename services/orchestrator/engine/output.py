@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from services.common.proposal import Committed, TokenLogprob
 from services.common.request import Request
+from services.orchestrator.engine.round_timing import RoundTiming
 
 
 @dataclass(slots=True)
@@ -16,11 +17,13 @@ class RequestOutput:
     elapsed_s: float  # since the request arrived
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per id, when the request asked
     error: BaseException | None = None  # it ended because of this
+    timing: RoundTiming | None = None  # where the step that ran this round went (shared by its requests)
 
     @classmethod
-    def of(cls, req: Request, committed: Committed) -> "RequestOutput":
+    def of(cls, req: Request, committed: Committed, timing: RoundTiming | None = None) -> "RequestOutput":
         elapsed = time.perf_counter() - req.stats.start_s
-        return cls(req.id, committed.ids, committed.spans, committed.finish_reason, elapsed, committed.logprobs)
+        ids, spans, reason, logprobs = committed.ids, committed.spans, committed.finish_reason, committed.logprobs
+        return cls(req.id, ids, spans, reason, elapsed, logprobs, timing=timing)
 
     @classmethod
     def ended(cls, req: Request, error: BaseException | None = None) -> "RequestOutput":

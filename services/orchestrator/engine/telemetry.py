@@ -15,6 +15,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from services.common.config import EngineConfig
 from services.common.proposal import Committed
 from services.common.tracing import configure, traceparent
+from services.orchestrator.engine.round_timing import RoundTiming
 from services.orchestrator.engine.scheduler import EngineRequest
 
 log = logging.getLogger("dlm.requests")
@@ -77,8 +78,11 @@ class Telemetry:
             parents[er.req.id] = traceparent(span)
         return parents or None
 
-    def round_ends(self, er: EngineRequest, result: Committed | BaseException | None) -> None:
-        """result: the round's commits, why it failed, or None when it never finished (the request ended)."""
+    def round_ends(
+        self, er: EngineRequest, result: Committed | BaseException | None, timing: RoundTiming | None = None
+    ) -> None:
+        """result: the round's commits, why it failed, or None when it never finished (the request ended); timing:
+        where its step went, as `dlm bench --breakdown` reads it."""
         stats = er.req.stats
         accepted = stats.accepted[-1] if isinstance(result, Committed) and stats.accepted else 0
         proposed = stats.proposed[-1] if isinstance(result, Committed) and stats.proposed else 0
@@ -86,6 +90,8 @@ class Telemetry:
         if span is not None:
             span.set_attribute("dlm.tokens_accepted", accepted)
             span.set_attribute("dlm.tokens_proposed", proposed)
+            if timing is not None:
+                span.set_attributes(timing.attributes())
             if isinstance(result, BaseException):
                 span.record_exception(result)
                 span.set_status(Status(StatusCode.ERROR, str(result)))

@@ -23,6 +23,7 @@ from services.orchestrator.decode.strategies import STRATEGIES, defaults
 from services.orchestrator.engine import engine as engine_module
 from services.orchestrator.engine.engine import Engine
 from services.serving.wire import SERVICE, pb
+from tests.cli.test_cli import write_config
 
 PROMPT = "count from 1 to 9:"
 SMALL = {
@@ -428,7 +429,7 @@ def test_remote_generate_takes_stop_and_seed_like_in_process(served, engine, tmp
     }
 
 
-def test_remote_bench(served, tmp_path, capsys):
+def test_remote_bench(served, tmp_path, tiny_zoo, capsys):
     out = tmp_path / "bench.json"
     args = argparse.Namespace(
         target=f"127.0.0.1:{served.port}",
@@ -437,6 +438,8 @@ def test_remote_bench(served, tmp_path, capsys):
         strategy="streaming",
         json=str(out),
         plot=None,
+        breakdown=True,
+        config=write_config(tmp_path, tiny_zoo),  # the served models' shapes, for MFU's reference matmul
     )
     assert bench_remote(args) == 0
     rows = json.loads(out.read_text())
@@ -445,3 +448,10 @@ def test_remote_bench(served, tmp_path, capsys):
         assert row["tokens_per_s"] > 0 and row["requests_per_s"] > 0
         assert row["latency_p50_s"] <= row["latency_p90_s"] <= row["latency_p99_s"]
         assert row["ttft_mean_s"] > 0
+        assert 0 < row["mfu"] < 1
+        parts = row["breakdown"]  # from each Complete's RoundTrace rows
+        assert 0 < parts["round"]["mean"] <= row["ms_per_round"]  # a step, within what a client waits per round
+        assert parts["round"]["mean"] == pytest.approx(
+            parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["queue"]["mean"] + parts["busy"]["mean"]
+        )
+        assert parts["compute drafter"]["mean"] > 0 and parts["hops"]["mean"] > 0

@@ -4,6 +4,7 @@ import contextlib
 import os
 import signal
 import socket
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from services.cli.client import DlmClient
+from services.cli.remote_cli import load_level
 from services.cli.serve import index_redis
 from services.common.config import EngineConfig, ServingConfig
 from services.common.sampling import SamplingParams
@@ -120,6 +122,18 @@ def test_concurrent_streams_batch_on_the_drafter(service):
     assert all(r == expected for r in results)
     sizes = app.batch_sizes.remote().result()["drafter"]
     assert max(int(k) for k in sizes) > 1, sizes
+
+
+def test_a_served_round_breaks_down_into_the_replicas_compute_and_the_hops(service):
+    client, _, _ = service
+    kwargs = dict(strategy="pipeline", params={"window": 6}, max_new_tokens=16)
+    row, steps = load_level(client, 2, [PROMPT], kwargs)
+    assert len(steps) == row.tokens / row.tpf  # every round came back with its step's timing
+    for t in steps:  # timed on the replicas, brought back with their replies
+        assert set(t.compute_s) == {"drafter", "guider", "filter"} and t.flops["drafter"] > 0
+        assert t.orchestrator_s > 0 and t.hops_s > 0 and t.busy_s > 0 and t.queue_s >= 0
+        assert max(t.compute_s.values()) <= t.busy_s + 1e-9 and t.overlap_s <= min(t.compute_s.values()) + 1e-9
+    assert statistics.fmean(t.round_s for t in steps) <= row.ms_per_round / 1000  # within what a client waits
 
 
 def test_cancelled_stream_leaves_no_state(service):

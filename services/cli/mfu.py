@@ -1,0 +1,66 @@
+"""Model FLOP utilisation: the model FLOPs a level ran per second (services/cli/breakdown.py) over what torch's
+matmul reaches on this machine, measured in the same run on the busiest model's own shapes: its decoder tokens per
+batched call times its hidden size, by its MLP's intermediate size ([T, H] x [H, I])."""
+
+import json
+import os
+import time
+
+from services.cli.breakdown import work_of
+from services.cli.load import LoadRow
+from services.common.config import EngineConfig
+from services.orchestrator.engine.round_timing import RoundTiming
+
+
+def model_shape(config: EngineConfig, host: str) -> tuple[int, int]:
+    """(hidden, intermediate) of the model a host ran (drafter_ar runs the drafter), from its config.json."""
+    with open(os.path.join(config.path("drafter" if host == "drafter_ar" else host), "config.json")) as f:
+        cfg = json.load(f)
+    return cfg["hidden_size"], cfg["intermediate_size"]
+
+
+def matmul_flops_per_s(
+    tokens: int,
+    hidden: int,
+    intermediate: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seconds: float = 1.0,
+    least: int = 20,
+) -> float:
+    """Best of repeated [tokens, hidden] x [hidden, intermediate] matmuls on the models' device and dtype, at least
+    `least` runs of ten and for about `seconds`, on torch's threads as this process set them: best of, since the
+    threads of the forwards just run may still spin for a while (OpenMP's block time), and a shared machine's other
+    work comes and goes."""
+    import torch
+
+    a = torch.randn(tokens, hidden, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(hidden, intermediate, device=device, dtype=getattr(torch, dtype))
+    sync = torch.cuda.synchronize if a.is_cuda else lambda: None  # a CUDA matmul returns before it runs
+    for _ in range(3):
+        a @ b
+    best, runs, end = float("inf"), 0, time.perf_counter() + seconds
+    while runs < least or time.perf_counter() < end:
+        runs += 1
+        sync()
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        sync()
+        best = min(best, (time.perf_counter() - start) / 10)
+    return 2 * tokens * hidden * intermediate / best
+
+
+def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig) -> None:
+    """The level's model FLOP/s, the matmul reference on its busiest model's shapes, and their ratio, into the row."""
+    done = work_of(steps)
+    host = done.busiest()
+    if host is None:
+        return
+    hidden, intermediate = model_shape(config, host)
+    tokens = done.tokens_per_call(host)
+    row.model_gflops_per_s = sum(done.flops.values()) / row.wall_s / 1e9
+    reference = matmul_flops_per_s(tokens, hidden, intermediate, config.device, config.dtype)
+    row.matmul_gflops_per_s = reference / 1e9
+    row.mfu = row.model_gflops_per_s / row.matmul_gflops_per_s
+    row.matmul_shape = f"[{tokens}, {hidden}] x [{hidden}, {intermediate}]"

@@ -1,0 +1,75 @@
+"""`dlm bench --breakdown` and MFU: a step's parts from its phases and its hosts' compute, and in process the parts
+of every round add up to the round, and the rounds to the level's wall time."""
+
+import json
+
+import pytest
+
+from services.cli.breakdown import summary
+from services.cli.cli import main
+from services.cli.load import engine_level
+from services.common.contract import Compute, Reply
+from services.orchestrator.engine.round_timing import StepClock
+from tests.cli.test_cli import write_config
+
+PROMPTS = ["count from 1 to 9:", "copy: a b c", "reverse: a b c d"]
+
+
+def replies(*computes: Compute, n: int = 2) -> list[Reply]:
+    """A batched call's replies: every one carries its call's Compute."""
+    out = []
+    for c in computes:
+        out += [Reply(None, compute=c) for _ in range(n)]
+    return out
+
+
+def test_a_step_splits_into_orchestrator_hops_queue_compute_and_overlap():
+    clock = StepClock()
+    clock.start = 100.0
+    # sent at 100.1, the drafter's thread ended an earlier call at 100.2 and this one ran 100.25-100.4
+    drafter = Compute("drafter", 100.25, 100.4, 30, 3, free_since=100.2)
+    clock.phase(100.1, 100.5, {("drafter", "propose"): replies(drafter)})
+    # the guider's clock runs behind: its start is clipped to the phase's
+    guider, filter_ = Compute("guider", 100.55, 100.9, 20, 2), Compute("filter", 100.7, 100.95, 0, 0, free_since=100.0)
+    clock.phase(100.6, 101.0, {("guider", "verify"): replies(guider), ("filter", "accept_probs"): replies(filter_)})
+    t = clock.finish(requests=2, end=101.2)
+    assert t.round_s == pytest.approx(1.2)
+    assert t.orchestrator_s == pytest.approx(0.4)  # before, between and after the two phases
+    assert t.queue_s == pytest.approx(0.1)  # the drafter's call waiting for its thread
+    assert t.busy_s == pytest.approx(0.15 + 0.35)  # phase 2: the union of the guider's and the filter's
+    assert t.hops_s == pytest.approx(0.8 - 0.1 - 0.5)
+    assert t.overlap_s == pytest.approx(0.2)  # the guider and the filter at once
+    assert t.compute_s == pytest.approx({"drafter": 0.15, "guider": 0.3, "filter": 0.25})
+    assert t.idle_s() == pytest.approx({"drafter": 1.05, "guider": 0.9, "filter": 0.95})
+    assert (t.flops, t.calls) == ({"drafter": 30, "guider": 20, "filter": 0}, {"drafter": 1, "guider": 1, "filter": 1})
+    assert t.tokens == {"drafter": 3, "guider": 2, "filter": 0}
+
+
+def test_in_process_the_parts_add_up_to_the_round_and_the_rounds_to_the_level(engine):
+    engine.generate(PROMPTS[0], "pipeline", {"window": 6}, 4)  # warm up outside the level
+    row, steps = engine_level(engine, 3, PROMPTS, "pipeline", {"window": 6}, 12)
+    unique = list({id(t): t for t in steps}.values())  # a step's record is shared by its rounds
+    assert len(steps) == row.tokens / row.tpf  # a timing per request-round
+    for t in unique:
+        assert t.orchestrator_s > 0 and t.hops_s > 0 and t.overlap_s == 0  # one host at a time in process
+        parts = t.orchestrator_s + t.hops_s + t.queue_s + sum(t.compute_s.values())
+        assert parts == pytest.approx(t.round_s, abs=1e-9)
+        assert t.compute_s["drafter"] > 0 and t.compute_s["guider"] > 0 and t.flops["drafter"] > 0
+    stepped = sum(t.round_s for t in unique)
+    assert 0.8 * row.wall_s < stepped < row.wall_s  # the level is its steps, and little between them
+    parts = summary(steps)
+    assert parts["round"]["mean"] == pytest.approx(
+        parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["queue"]["mean"] + parts["busy"]["mean"]
+    )
+
+
+def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):
+    config, out = write_config(tmp_path, tiny_zoo), tmp_path / "bench.json"
+    args = ["--strategy", "pipeline", "--concurrency", "1,2", "--max-new-tokens", "8", "--breakdown"]
+    assert main(["--config", config, "bench", *args, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "MFU" in printed and "c=2 per round, ms" in printed and "compute guider" in printed
+    rows = json.loads(out.read_text())
+    for row in rows:
+        assert 0 < row["model_gflops_per_s"] and 0 < row["mfu"] < 1 and row["matmul_shape"].endswith("x [64, 128]")
+        assert {"round", "orchestrator", "hops", "compute drafter", "idle guider", "overlap"} <= set(row["breakdown"])
