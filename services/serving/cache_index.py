@@ -107,6 +107,11 @@ class CacheIndex(ABC):
         is alive (OwnerAlive), in one step; None when the request is unknown or expired."""
 
     @abstractmethod
+    async def orphans(self) -> list[str]:
+        """The requests whose owner's lease has lapsed (or that have no owner): each is for a live orchestrator to
+        `adopt`. Not a snapshot: a request may be adopted or released before it is."""
+
+    @abstractmethod
     async def lease(self, owner: str, ttl_s: float) -> None:
         """Start or renew an orchestrator's lease: it is alive for ttl_s from now."""
 

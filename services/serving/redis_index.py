@@ -44,6 +44,7 @@ from services.serving.cache_index import (
 __all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
 
 UNREACHABLE = (exceptions.ConnectionError, exceptions.TimeoutError)  # raised as IndexUnavailable
+ORPHAN_BATCH = 500  # entries one `orphans` script checks, so that no script holds Redis for long
 
 _LIB = """
 local P = ARGV[1]
@@ -140,6 +141,16 @@ if old ~= '' and old ~= ARGV[3] and redis.call('EXISTS', P .. 'lease:' .. old) =
 redis.call('HSET', KEYS[1], 'owner', ARGV[3])
 touch(ARGV[2], now_ms())
 return snapshot()
+"""
+
+# KEYS: entries (req:{id}); ARGV: P -- the entries whose owner holds no lease
+_ORPHANS = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  local owner = redis.call('HGET', key, 'owner')
+  if owner and (owner == '' or redis.call('EXISTS', P .. 'lease:' .. owner) == 0) then out[#out + 1] = key end
+end
+return out
 """
 
 # ARGV: P, id
@@ -252,6 +263,7 @@ class RedisCacheIndex(CacheIndex):
             "commit": _COMMIT,
             "get": _GET,
             "adopt": _ADOPT,
+            "orphans": _ORPHANS,
             "release": _RELEASE,
             "reserve": _RESERVE,
             "free": _FREE,
@@ -391,6 +403,17 @@ class RedisCacheIndex(CacheIndex):
             owner = snap[0].decode()
             raise OwnerAlive(f"request {request_id} is decoding on orchestrator {owner}, whose lease is alive")
         return self._decode(request_id, snap)
+
+    async def orphans(self) -> list[str]:
+        entry = self._req_keys("")[0]  # the prefix of every entry's key
+        try:
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(entry) + "*", count=1000)]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+        found = []
+        for i in range(0, len(keys), ORPHAN_BATCH):
+            found += await self._run("orphans", keys[i : i + ORPHAN_BATCH])
+        return [k.decode()[len(entry) :] for k in found]
 
     async def lease(self, owner: str, ttl_s: float) -> None:
         try:

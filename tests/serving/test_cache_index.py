@@ -327,3 +327,19 @@ async def test_a_round_commits_its_tokens_snapshot_and_streamed_count_together(i
     await index.commit("r", positions=[2], token_ids=[9])  # without a snapshot: the last one stays
     got = await index.get("r")
     assert (got.order, got.snapshot, got.streamed) == ([1, 0, 2], b"round-1", 2)
+
+
+async def test_orphans_are_the_records_whose_owner_lease_lapsed(index):
+    """The sweep's list: a record whose owner's lease lives is not an orphan; once it lapses it is, until a live
+    orchestrator adopts it; released records are not."""
+    await index.put(full_entry("kept", owner="orch-a"))
+    await index.put(full_entry("lost:*", owner="orch-b"))  # a glob character in the id
+    await index.put(full_entry("ended", owner="orch-b"))
+    await index.release("ended")
+    await index.lease("orch-a", ttl_s=60)
+    await index.lease("orch-b", ttl_s=TTL)
+    assert await index.orphans() == []
+    await asyncio.sleep(2 * TTL)
+    assert await index.orphans() == ["lost:*"]
+    await index.adopt("lost:*", "orch-a")
+    assert await index.orphans() == []

@@ -19,7 +19,7 @@ from services.common.config import Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas
-from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
+from services.orchestrator.api.frontend import AlreadyExists, Detached, Frontend, Job, Spec
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
@@ -110,6 +110,8 @@ class DlmServicer(rpc.DlmServiceServicer):
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
         except Unavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Detached as e:  # not UNAVAILABLE: a client that resumed in its turn would take the request back
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
         except Exception as e:
             log.exception("request %s failed", job.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"decoding failed: {e}")

@@ -12,8 +12,9 @@ import pytest
 from services.common.config import EngineConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.api.deltas import Deltas
-from services.orchestrator.api.frontend import Frontend, Spec
+from services.orchestrator.api.frontend import Detached, Frontend, Spec
 from services.orchestrator.cluster.admission import IndexAdmission
+from services.orchestrator.cluster.sweep import Sweep
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
 from services.serving.cache_index import OwnerAlive
@@ -117,3 +118,56 @@ async def test_an_adopted_stream_goes_on_with_the_undisturbed_text(start, strate
     assert held_ids + [i for ids, _ in rest for i in ids] == want_ids
     assert held_text + "".join(t for _, t in rest) == want_text
     await second.shutdown()
+
+
+async def undisturbed(frontend: Frontend, strategy: str) -> tuple[list[int], str]:
+    calm = Deltas(await frontend.open(spec(strategy, f"calm-{uuid.uuid4().hex[:6]}")), frontend.detokenizer())
+    deltas = [d async for d in calm]
+    return [i for d in deltas for i in d.ids], "".join(d.text for d in deltas)
+
+
+async def rest_of(frontend: Frontend, strategy: str, held_ids: list[int], held_text: str) -> tuple[list[int], str]:
+    """What a client that holds held_ids / held_text reads once it resumes its request "moved" here."""
+    resumed = Deltas(await frontend.resume(spec(strategy, "moved")), frontend.detokenizer())
+    resumed.held_ids, resumed.held_chars = len(held_ids), len(held_text)
+    deltas = [d async for d in resumed]
+    return held_ids + [i for d in deltas for i in d.ids], held_text + "".join(d.text for d in deltas)
+
+
+async def test_a_resume_on_the_live_owner_takes_the_stream_over(start):
+    """The client's stream broke but its orchestrator lives: the resume attaches to the live request (no second
+    decode, no ALREADY_EXISTS), the old stream ends Detached, and the text is the undisturbed one."""
+    first, _ = await start("orch-a")
+    want = await undisturbed(first, "pipeline")
+    old = Deltas(await first.open(spec("pipeline", "moved")), first.detokenizer()).__aiter__()
+    got = [await old.__anext__()]
+    ids, text = await rest_of(first, "pipeline", got[0].ids, got[0].text)
+    assert (ids, text) == want
+    with pytest.raises(Detached):
+        while True:
+            await old.__anext__()
+    assert first.live() == []
+
+
+@pytest.mark.parametrize("reconnect", ["while-decoding", "after-the-end"])
+async def test_the_sweep_adopts_an_orphan_and_keeps_it_for_its_client(start, reconnect):
+    """No request is orphaned: once its orchestrator's lease lapses a live one's sweep adopts it, decodes it with no
+    client attached, and hands it to the client that resumes, mid-way or after it ended, with the undisturbed text.
+    A second sweeper never wins it twice."""
+    first, first_admission = await start("orch-a")
+    want = await undisturbed(first, "slot")
+    stream = Deltas(await first.open(spec("slot", "moved")), first.detokenizer()).__aiter__()
+    got = [await stream.__anext__()]
+    await kill(first, first_admission)
+    second, second_admission = await start("orch-b")
+    third, third_admission = await start("orch-c")
+    sweeps = [Sweep(o, a.writer.index, LEASE_S) for o, a in ((second, second_admission), (third, third_admission))]
+    await first_admission.writer.index.lease("orch-a", LEASE_S)  # as if it had died just after a renewal
+    assert await sweeps[0].once() == []  # its lease still lives
+    await asyncio.sleep(LEASE_S)
+    won = [await sweep.once() for sweep in sweeps]
+    assert won == [["moved"], []]
+    if reconnect == "after-the-end":
+        while second.live():
+            await asyncio.sleep(0.01)
+    assert await rest_of(second, "slot", got[0].ids, got[0].text) == want
