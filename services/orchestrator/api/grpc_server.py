@@ -23,7 +23,17 @@ from services.orchestrator.api.frontend import AlreadyExists, Detached, Frontend
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
-from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
+from services.serving.wire import (
+    FINISH,
+    REQUEST_ID_HEADER,
+    SERVICE,
+    add_event,
+    params_dict,
+    params_message,
+    pb,
+    rpc,
+    stats_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,12 @@ class DlmServicer(rpc.DlmServiceServicer):
         self.backend, self.limits = backend, limits
 
     async def open(self, request, context) -> Job:
+        """The request's job; its id goes out in the call's headers (a client resumes a broken call after them)."""
+        job = await self.open_job(request, context)
+        await context.send_initial_metadata(((REQUEST_ID_HEADER, job.request_id),))
+        return job
+
+    async def open_job(self, request, context) -> Job:
         if not self.backend.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "models are still loading")
         remaining = context.time_remaining()
@@ -144,17 +160,7 @@ class DlmServicer(rpc.DlmServiceServicer):
         out = pb.GenerateResponse(request_id=job.request_id)
         try:
             async for message in self.run(job, request, context):
-                if message.HasField("chunk"):
-                    out.text += message.chunk.text
-                    out.token_ids.extend(message.chunk.token_ids)
-                    out.logprobs.extend(message.chunk.logprobs)
-                elif message.HasField("complete"):
-                    done = message.complete
-                    out.finish_reason = done.finish_reason
-                    out.trace.extend(done.trace)
-                    out.usage.CopyFrom(done.usage)
-                    out.stats.CopyFrom(done.stats)
-                    out.seed = done.seed
+                add_event(out, getattr(message, message.WhichOneof("event")))
         finally:
             job.cancel()
         return out

@@ -7,18 +7,23 @@ temperature > 0; two in-process orchestrators on one redis-server."""
 import asyncio
 import uuid
 
+import grpc
 import pytest
 
+from services.cli.client import DlmClient
 from services.common.config import EngineConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.api.deltas import Deltas
 from services.orchestrator.api.frontend import Detached, Frontend, Spec
+from services.orchestrator.api.grpc_server import Server
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.sweep import Sweep
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
 from services.serving.cache_index import OwnerAlive
 from services.serving.redis_index import RedisCacheIndex
+from services.serving.wire import pb
+from tests.orchestrator.cluster.test_services import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -91,6 +96,8 @@ async def test_an_adopted_stream_goes_on_with_the_undisturbed_text(start, strate
     stream, index = Deltas(job, first.detokenizer()).__aiter__(), first_admission.writer.index
     got = [await stream.__anext__()]
     if record == "behind":  # no record after this one reaches the index: the client gets rounds it does not have
+        while await index.get("moved") is None:  # its first record is written (on a loaded machine, not yet)
+            await asyncio.sleep(0.005)
         await halt(first_admission.writer.task)
         while sum(len(d.ids) for d in got) <= (await index.get("moved")).streamed:
             got.append(await stream.__anext__())
@@ -171,3 +178,58 @@ async def test_the_sweep_adopts_an_orphan_and_keeps_it_for_its_client(start, rec
         while second.live():
             await asyncio.sleep(0.01)
     assert await rest_of(second, "slot", got[0].ids, got[0].text) == want
+
+
+@pytest.fixture
+async def serve_on(tiny_zoo, redis_url):
+    """Starts gRPC servers over orchestrators on one index of their own, on a port given; kills them at the end."""
+    prefix, started = f"test:{uuid.uuid4().hex[:8]}:", []
+
+    async def serve_on(port: int, owner: str) -> tuple[Server, IndexAdmission]:
+        frontend, admission = orchestrator(tiny_zoo, redis_url, prefix, owner)
+        server = Server(frontend)
+        await server.start(f"127.0.0.1:{port}")
+        await server.loading
+        started.append((server, admission))
+        return started[-1]
+
+    yield serve_on
+    for server, admission in started:
+        await sigkill(server, admission)
+
+
+async def sigkill(server: Server, admission: IndexAdmission) -> None:
+    """As a SIGKILL: the orchestrator stops (no release, no write, no lease renewal), its connections drop."""
+    await kill(server.backend, admission)
+    await server.server.stop(None)
+
+
+@pytest.mark.parametrize("record", ["kept", "gone"])
+async def test_dlm_client_resumes_across_its_orchestrator_killed(serve_on, record):
+    """DlmClient's stream breaks when its orchestrator dies; it reconnects to the same address, where another
+    orchestrator comes up, and resumes: the user reads one uninterrupted text, that of an undisturbed run. A request
+    whose record is gone answers NOT_FOUND, which the client does not retry."""
+    port = free_port()
+    first, first_admission = await serve_on(port, "orch-a")
+    client = DlmClient(f"127.0.0.1:{port}", timeout=60, resume_timeout=30)
+    kwargs = dict(strategy="pipeline", params=CASES["pipeline"], max_new_tokens=48, temperature=0.8, seed=1234)
+    want = await asyncio.to_thread(client.generate, PROMPT, **kwargs)
+
+    chunks, received = client.stream(PROMPT, request_id="moved", **kwargs), []
+    event = await asyncio.to_thread(next, chunks)
+    received.append(event)
+    await sigkill(first, first_admission)
+    if record == "gone":
+        await first_admission.writer.index.release("moved")
+    await serve_on(port, "orch-b")
+    if record == "gone":
+        with pytest.raises(grpc.RpcError) as error:
+            await asyncio.to_thread(list, chunks)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        return
+    received += await asyncio.to_thread(list, chunks)
+    texts = [e.text for e in received if isinstance(e, pb.Chunk)]
+    ids = [i for e in received if isinstance(e, pb.Chunk) for i in e.token_ids]
+    assert "".join(texts) == want.text and ids == list(want.token_ids)
+    assert isinstance(received[-1], pb.Complete) and received[-1].finish_reason == want.finish_reason
+    client.close()
