@@ -309,12 +309,13 @@ async def test_a_record_whose_owner_is_alive_is_never_adopted(index):
     assert (await index.adopt("r", "orch-a")).owner == "orch-a"  # its owner may take it back (a reconnect)
     await asyncio.sleep(2 * TTL)  # orch-a stopped renewing its lease
     assert "orch-a" not in await index.leases()
-    await index.lease("orch-b", ttl_s=60)
+    await index.lease("orch-b", ttl_s=60, address="10.0.0.2:7001")
     adopted = await index.adopt("r", "orch-b")
     assert adopted.owner == "orch-b" and adopted.snapshot == b"round-3"
     await index.lease("orch-a", ttl_s=60)
-    with pytest.raises(OwnerAlive, match="orch-b"):
+    with pytest.raises(OwnerAlive, match="orch-b") as alive:
         await index.adopt("r", "orch-a")
+    assert (alive.value.owner, alive.value.address) == ("orch-b", "10.0.0.2:7001")  # where to relay its stream from
     assert await index.adopt("unknown", "orch-b") is None
     assert set(await index.leases()) == {"orch-a", "orch-b"}
 

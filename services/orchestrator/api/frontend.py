@@ -60,7 +60,10 @@ class Adopted:
 
 
 class Records(Protocol):
-    """The cache index's records of requests (services/orchestrator/cluster/admission.py)."""
+    """The cache index's records of requests (services/orchestrator/cluster/admission.py). address: where this
+    orchestrator's streams can be relayed from (its private gRPC address), recorded with its lease; set before start."""
+
+    address: str
 
     async def adopt(self, request_id: str) -> Adopted:
         """KeyError: no record; OwnerAlive: its orchestrator lives; IndexUnavailable: the index is down."""

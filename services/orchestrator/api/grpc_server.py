@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas
 from services.orchestrator.api.frontend import AlreadyExists, Detached, Frontend, Job, Spec
+from services.orchestrator.api.relay import Relay, relayed
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
@@ -72,6 +74,7 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
 class DlmServicer(rpc.DlmServiceServicer):
     def __init__(self, backend: Frontend, limits: Limits):
         self.backend, self.limits = backend, limits
+        self.relay = Relay()
 
     async def open(self, request, context) -> Job:
         """The request's job; its id goes out in the call's headers (a client resumes a broken call after them)."""
@@ -93,7 +96,11 @@ class DlmServicer(rpc.DlmServiceServicer):
             return await self.backend.resume(spec)
         except KeyError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0])
-        except (OwnerAlive, IndexUnavailable) as e:  # its orchestrator may still be alive, or the index is down
+        except OwnerAlive as e:  # decoding on a live orchestrator: relayed from it (relay.py), or try again
+            if e.address and not relayed(context):
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except IndexUnavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except AlreadyExists as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
@@ -146,7 +153,12 @@ class DlmServicer(rpc.DlmServiceServicer):
         yield pb.GenerateStreamResponse(complete=complete)
 
     async def GenerateStream(self, request, context):
-        job = await self.open(request, context)
+        try:
+            job = await self.open(request, context)
+        except OwnerAlive as owner:
+            async for message in self.relay.stream(owner.address, request, context):
+                yield message
+            return
         try:
             async for message in self.run(job, request, context):
                 yield message
@@ -226,6 +238,7 @@ class Server:
         credentials = server_credentials(self.serving)
         if credentials is None:
             self.port = self.server.add_insecure_port(address)
+            self.listen_private(address.rsplit(":", 1)[0])
         else:
             self.port = self.server.add_secure_port(address, credentials)
             # a plaintext Unix socket only this host's processes reach, for the replica's own health probe
@@ -235,6 +248,15 @@ class Server:
         await self.server.start()
         self.loading = asyncio.create_task(self.load())
         return self.port
+
+    def listen_private(self, host: str) -> None:
+        """A port of this server alone, where other orchestrators relay the streams of its requests from (relay.py);
+        recorded with its lease. Several orchestrators may share the public port."""
+        if self.backend.records is None:
+            return
+        port = self.server.add_insecure_port(f"{host}:0")
+        reachable = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "[::]") else host
+        self.backend.records.address = f"{reachable}:{port}"
 
     def local_target(self, host: str) -> str:
         """Where a plaintext channel on this host reaches the server (its health probe): the port, or under TLS

@@ -233,3 +233,30 @@ async def test_dlm_client_resumes_across_its_orchestrator_killed(serve_on, recor
     assert "".join(texts) == want.text and ids == list(want.token_ids)
     assert isinstance(received[-1], pb.Complete) and received[-1].finish_reason == want.finish_reason
     client.close()
+
+
+async def test_a_resume_on_a_non_owner_is_relayed_from_the_owner(serve_on):
+    """Two orchestrators behind one address: the reconnect lands on the one that does not decode the request, which
+    relays it from the owner's private address (recorded with its lease); the owner attaches it to the live request,
+    whose previous stream ends ABORTED, and the client reads the undisturbed text."""
+    owner_port, other_port = free_port(), free_port()
+    await serve_on(owner_port, "orch-a")
+    await serve_on(other_port, "orch-b")
+    owner = DlmClient(f"127.0.0.1:{owner_port}", timeout=60, resume_timeout=0)
+    kwargs = dict(strategy="streaming", params=CASES["streaming"], max_new_tokens=48, temperature=0.8, seed=1234)
+    want = await asyncio.to_thread(owner.generate, PROMPT, **kwargs)
+
+    request = DlmClient.request(PROMPT, request_id="moved", **kwargs)
+    old = owner.open_stream(request)
+    first = await asyncio.to_thread(next, old)
+    request.resume.CopyFrom(pb.Resume(tokens_received=len(first.chunk.token_ids), text_received=len(first.chunk.text)))
+    other = DlmClient(f"127.0.0.1:{other_port}", timeout=60, resume_timeout=0)
+    rest = await asyncio.to_thread(list, other.open_stream(request))
+    text = first.chunk.text + "".join(m.chunk.text for m in rest if m.HasField("chunk"))
+    ids = [*first.chunk.token_ids, *(i for m in rest if m.HasField("chunk") for i in m.chunk.token_ids)]
+    assert (text, ids) == (want.text, list(want.token_ids))
+    with pytest.raises(grpc.RpcError) as ended:
+        await asyncio.to_thread(list, old)
+    assert ended.value.code() == grpc.StatusCode.ABORTED
+    owner.close()
+    other.close()
