@@ -57,7 +57,8 @@ def served_app_on(engine: dict, config_path, num_cpus: int):
     from services.orchestrator.cluster.app import build_app
 
     set_ray_env()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    # a cluster of its own, not the newest one on the machine (ray.init() would join that)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
     port = free_port()  # once Ray's own processes hold their ports, so that none of them takes this one
     engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
     config_path.write_text(yaml.safe_dump({"engine": engine}))
