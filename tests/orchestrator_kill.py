@@ -53,8 +53,9 @@ def replica_pids(deployment: str, app: str = "dlm") -> list[int]:
     return pids
 
 
-def run_streams(client, cases: dict[str, dict], tokens: int, seed: int, started=None) -> list[Streamed]:
-    """One seeded stream at temperature 0.8 per case, at once; started[i] is set at stream i's first chunk."""
+def run_streams(client, cases: list[tuple[str, dict]], tokens: int, seed: int, started=None) -> list[Streamed]:
+    """One seeded stream at temperature 0.8 per (strategy, params), at once; started[i] is set at stream i's first
+    chunk."""
     started = started or [threading.Event() for _ in cases]
 
     def one(i: int, strategy: str, params: dict) -> Streamed:
@@ -71,11 +72,11 @@ def run_streams(client, cases: dict[str, dict], tokens: int, seed: int, started=
         return out
 
     with ThreadPoolExecutor(len(cases)) as pool:
-        futures = [pool.submit(one, i, s, p) for i, (s, p) in enumerate(cases.items())]
+        futures = [pool.submit(one, i, s, p) for i, (s, p) in enumerate(cases)]
         return [f.result() for f in futures]
 
 
-def killed_streams(client, cases: dict[str, dict], tokens: int, seed: int, kill) -> tuple[list[Streamed], float]:
+def killed_streams(client, cases: list[tuple[str, dict]], tokens: int, seed: int, kill) -> tuple[list[Streamed], float]:
     """run_streams, with kill() called once every stream has its first chunk -> (streams, time of the kill)."""
     started = [threading.Event() for _ in cases]
     with ThreadPoolExecutor(1) as pool:
