@@ -33,6 +33,7 @@ CASES = {
     "pipeline": {"window": 6},
     "streaming": {"window": 6},
     "slot": {"slot_size": 4, "block_size": 8, "kv": "recompute"},
+    "guided": {"block_size": 8},  # the bidirectional drafter's frozen blocks (freecache) run ahead of the record
 }
 
 
@@ -81,9 +82,12 @@ async def start(tiny_zoo, redis_url):
         await kill(frontend, admission)
 
 
+# guided on new hosts is a lost drafter replica too: its block cache restarts, and its text may differ (README)
+MOVES = [(s, h) for s in CASES for h in ("same", "new") if (s, h) != ("guided", "new")]
+
+
 @pytest.mark.parametrize("record", ["behind", "ahead"])
-@pytest.mark.parametrize("hosts", ["same", "new"])
-@pytest.mark.parametrize("strategy", list(CASES))
+@pytest.mark.parametrize(("strategy", "hosts"), MOVES)
 async def test_an_adopted_stream_goes_on_with_the_undisturbed_text(start, strategy, hosts, record):
     """hosts: the adopter's; "same" still hold the request's KV, of rounds past its record, "new" hold none.
     record: behind the client's stream (rounds to decode again) or ahead of it (tokens to send again)."""
