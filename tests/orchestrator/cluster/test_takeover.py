@@ -20,7 +20,7 @@ from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.sweep import Sweep
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
-from services.serving.cache_index import OwnerAlive
+from services.serving.cache_index import IndexEntry, OwnerAlive
 from services.serving.redis_index import RedisCacheIndex
 from services.serving.wire import pb
 from tests.orchestrator.cluster.test_services import free_port
@@ -264,3 +264,22 @@ async def test_a_resume_on_a_non_owner_is_relayed_from_the_owner(serve_on):
     assert ended.value.code() == grpc.StatusCode.ABORTED
     owner.close()
     other.close()
+
+
+async def test_dlm_client_generate_resumes_when_its_call_breaks(serve_on):
+    """A unary Generate whose orchestrator dies once it holds the request (its headers named it) goes on as a
+    resumed stream: the response is the undisturbed one."""
+    port = free_port()
+    first, first_admission = await serve_on(port, "orch-a")
+    client = DlmClient(f"127.0.0.1:{port}", timeout=60, resume_timeout=30)
+    kwargs = dict(strategy="slot", params=CASES["slot"], max_new_tokens=48, temperature=0.8, seed=1234)
+    want = await asyncio.to_thread(client.generate, PROMPT, **kwargs)
+    call = asyncio.create_task(asyncio.to_thread(client.generate, PROMPT, request_id="moved", **kwargs))
+    index = first_admission.writer.index
+    while not (await index.get("moved") or IndexEntry("")).streamed:  # decoding, with a record
+        await asyncio.sleep(0.005)
+    await sigkill(first, first_admission)
+    await serve_on(port, "orch-b")
+    got = await call
+    assert (got.text, list(got.token_ids), got.finish_reason) == (want.text, list(want.token_ids), want.finish_reason)
+    client.close()
