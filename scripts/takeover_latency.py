@@ -6,6 +6,11 @@ first chunk after the stream's longest silence) p50 and max, and when gRPC answe
 end with its undisturbed text. One orchestrator replica: Serve restarts it, and the new one (a new owner) adopts the
 requests once the dead one's lease lapsed.
 `PYTHONPATH=. python scripts/takeover_latency.py [STREAMS] [LEASE_S]`
+
+On a shared 2-core CPU, 8 streams, lease_s 1.0: added latency p50 6.32 s, max 7.54 s; takeover p50 9.69 s, max
+9.72 s; gRPC SERVING again 9.32 s after the kill. The takeover is Serve's restart of the replica (a new Python
+process that loads the app) plus under a second of lease, sweep and the client's backoff; two orchestrator replicas,
+where the live one's sweep adopts, would save the restart (not measured: one orchestrator replica per app here).
 """
 
 import os
