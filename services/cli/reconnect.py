@@ -21,7 +21,8 @@ class StreamBroken(Exception):
 def resuming(call: Callable, request, resume_timeout: float, held: bool = False) -> Iterator:
     """call(request) -> a GenerateStream call; yields its events (Chunk, Spans, Complete) across reconnects. request
     names its request_id. A call breaks into a resume only once the server held the request (`held`: its headers
-    named it, or a message came), so a request the server refused (models loading, index down) is not retried."""
+    named it, or a message came), so a request the server refused (models loading, index down) is not retried. A
+    resume answered NOT_FOUND before any token came is sent anew (the server died before recording it)."""
     tokens = chars = 0
     give_up, wait = None, BACKOFF_S[0]
     while True:
@@ -38,6 +39,9 @@ def resuming(call: Callable, request, resume_timeout: float, held: bool = False)
                     return
             raise StreamBroken(f"the stream of request {request.request_id} ended without completing")
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND and held and not tokens:
+                held = False  # its orchestrator died before it recorded the request: nothing was seen, send it anew
+                continue
             if e.code() != grpc.StatusCode.UNAVAILABLE or not held:
                 raise
             last = e

@@ -283,3 +283,22 @@ async def test_dlm_client_generate_resumes_when_its_call_breaks(serve_on):
     got = await call
     assert (got.text, list(got.token_ids), got.finish_reason) == (want.text, list(want.token_ids), want.finish_reason)
     client.close()
+
+
+async def test_dlm_client_sends_anew_a_request_its_dead_orchestrator_never_recorded(serve_on):
+    """The orchestrator took the request (its headers named it) and died before recording it or sending a token:
+    the resume finds no record (NOT_FOUND), and the client, having seen nothing, sends the request anew."""
+    port = free_port()
+    first, first_admission = await serve_on(port, "orch-a")
+    client = DlmClient(f"127.0.0.1:{port}", timeout=60, resume_timeout=30)
+    kwargs = dict(strategy="pipeline", params=CASES["pipeline"], max_new_tokens=48, temperature=0.8, seed=1234)
+    want = await asyncio.to_thread(client.generate, PROMPT, **kwargs)
+    await kill(first.backend, first_admission)  # it still answers gRPC, but decodes and records nothing
+    stream = asyncio.create_task(asyncio.to_thread(list, client.stream(PROMPT, request_id="unseen", **kwargs)))
+    while "unseen" not in first.backend.jobs:
+        await asyncio.sleep(0.005)
+    await first.server.stop(None)
+    await serve_on(port, "orch-b")
+    events = await stream
+    assert "".join(e.text for e in events if isinstance(e, pb.Chunk)) == want.text
+    client.close()
