@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from tests.orchestrator.cluster.test_services import served_app
-from tests.orchestrator_kill import CASES, figures, killed_streams, replica_pids, run_streams
+from tests.orchestrator_kill import CASES, figures, killed_streams, run_streams
+from tests.replica_processes import cluster_replica_pids
 from tests.tiny import zoo
 
 TOKENS = 128
@@ -38,7 +39,7 @@ def main(streams: int = 8, lease_s: float = 1.0) -> None:
         back: list[float] = []
 
         def kill() -> None:
-            [pid] = replica_pids("orchestrator")
+            [pid] = cluster_replica_pids("orchestrator")
             os.kill(pid, signal.SIGKILL)
             threading.Thread(target=wait_serving, args=(client, time.monotonic(), back), daemon=True).start()
 

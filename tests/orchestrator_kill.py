@@ -1,9 +1,7 @@
-"""Streams through DlmClient with every chunk's arrival time, the PIDs of a Serve app's replicas (from Ray, not by
-process title: other clusters may run on the machine), and the figures of a kill: the added latency of each stream
-and its takeover time. Shared by tests/orchestrator/cluster/test_orchestrator_kill.py and scripts/takeover_latency.py.
-"""
+"""Streams through DlmClient with every chunk's arrival time, and the figures of a kill: the added latency of each
+stream and its takeover time. Shared by tests/orchestrator/cluster/test_orchestrator_kill.py and
+scripts/takeover_latency.py."""
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,22 +33,6 @@ class Streamed:
         times = [self.start, *self.arrivals]
         gaps = [(b - a, b) for a, b in zip(times, times[1:], strict=False) if b > kill]
         return max(gaps)[1] - kill
-
-
-def replica_pids(deployment: str, app: str = "dlm") -> list[int]:
-    """The PIDs of the app's live replicas of a deployment, from the Ray cluster this process is connected to."""
-    import ray
-
-    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-    pids = []
-    for name in names:
-        try:
-            actor = ray.get_actor(name, namespace="serve")
-            pids.append(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=30))
-        except (ValueError, ray.exceptions.RayError):  # a replica that died meanwhile
-            continue
-    return pids
 
 
 def run_streams(client, cases: list[tuple[str, dict]], tokens: int, seed: int, started=None) -> list[Streamed]:

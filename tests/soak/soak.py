@@ -24,8 +24,8 @@ from services.cli.client import DlmClient
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.serving.ray_env import set_ray_env
 from tests.orchestrator.cluster.test_services import free_port
-from tests.orchestrator_kill import replica_pids
 from tests.redis_server import find_redis_server, redis_process
+from tests.replica_processes import cluster_replica_pids
 
 PROMPTS = ["count from 1 to 9:", "sort: 58 68 49 27 13 91 67", "copy: the lazy dog sleeps", "reverse: a b c d e"]
 STRATEGIES = [("pipeline", {}), ("streaming", {}), ("slot", {}), ("guided", {})]
@@ -36,7 +36,7 @@ def rss_mib() -> dict[str, float]:
     """Resident memory of each deployment's Serve replica processes (of this Ray cluster), MiB."""
     out = {}
     for name in DEPLOYMENTS:
-        for pid in replica_pids(name):
+        for pid in cluster_replica_pids(name):
             try:
                 with open(f"/proc/{pid}/status") as f:
                     rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
@@ -50,7 +50,7 @@ def kill_orchestrator_every(seconds: float, until: float, kills: list[float]) ->
     """SIGKILL the orchestrator replica every `seconds` until time.monotonic() passes `until`."""
     while time.monotonic() + seconds < until:
         time.sleep(seconds)
-        for pid in replica_pids("orchestrator"):
+        for pid in cluster_replica_pids("orchestrator"):
             os.kill(pid, signal.SIGKILL)
             kills.append(time.monotonic())
 

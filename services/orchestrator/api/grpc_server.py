@@ -231,7 +231,8 @@ class Server:
         token = api_key(self.serving.api_key_file)
         interceptors = [TokenAuth(token)] if token else []
         self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
-        rpc.add_DlmServiceServicer_to_server(DlmServicer(self.backend, self.limits), self.server)
+        self.servicer = DlmServicer(self.backend, self.limits)
+        rpc.add_DlmServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
@@ -284,6 +285,7 @@ class Server:
         self.backend.ready = False
         await self.backend.shutdown()
         await self.server.stop(grace)
+        await self.servicer.relay.close()
         if self.socket:
             shutil.rmtree(os.path.dirname(self.socket), ignore_errors=True)
 

@@ -46,9 +46,3 @@ class Sweep:
             log.warning("sweep: adopted %s, whose orchestrator's lease had lapsed", request_id)
             adopted.append(request_id)
         return adopted
-
-    async def stop(self) -> None:
-        """Cancel until it ends: redis-py swallows a cancel that comes while it waits for a reply."""
-        while self.task is not None and not self.task.done():
-            self.task.cancel()
-            await asyncio.wait([self.task], timeout=0.01)

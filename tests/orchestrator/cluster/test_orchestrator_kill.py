@@ -12,7 +12,8 @@ import pytest
 
 from services.serving.wire import pb
 from tests.orchestrator.cluster.test_services import served_app
-from tests.orchestrator_kill import CASES, figures, killed_streams, replica_pids, run_streams
+from tests.orchestrator_kill import CASES, figures, killed_streams, run_streams
+from tests.replica_processes import cluster_replica_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -50,8 +51,8 @@ def test_streams_survive_the_orchestrator_killed_under_them(service, also):
     calm = run_streams(client, cases, TOKENS, seed)
 
     def kill() -> None:
-        [orchestrator] = replica_pids("orchestrator")
-        victims = [orchestrator] + [pid for deployment in also for pid in replica_pids(deployment)]
+        [orchestrator] = cluster_replica_pids("orchestrator")
+        victims = [orchestrator] + [pid for deployment in also for pid in cluster_replica_pids(deployment)]
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
 

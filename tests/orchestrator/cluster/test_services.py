@@ -18,7 +18,7 @@ from services.common.config import EngineConfig, ServingConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.serving.ray_env import set_ray_env
-from tests.replica_processes import replica_pids
+from tests.replica_processes import cluster_replica_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -162,7 +162,7 @@ def test_bad_request_gets_invalid_argument_and_service_goes_on(service):
 
 
 def replica_pid(deployment: str) -> int:
-    [pid] = replica_pids(deployment)
+    [pid] = cluster_replica_pids(deployment)
     return pid
 
 
