@@ -1,5 +1,5 @@
 """Serve replica processes by deployment, found in /proc: Ray titles them `ray::ServeReplica:<app>:<deployment>`, with
-`.<method>` appended while a call runs on them."""
+`.<method>` appended while a call runs on them; or asked of the Ray cluster this process is connected to."""
 
 import os
 
@@ -21,4 +21,21 @@ def replica_pids(deployment: str, marker: str | None = None, app: str = "dlm") -
         except OSError:
             continue
         pids.append(int(entry))
+    return pids
+
+
+def cluster_replica_pids(deployment: str, app: str = "dlm") -> list[int]:
+    """The PIDs of the app's live replicas of a deployment, from the Ray cluster this process is connected to (not
+    by title: other clusters may run on the machine)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    pids = []
+    for name in names:
+        try:
+            actor = ray.get_actor(name, namespace="serve")
+            pids.append(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=30))
+        except (ValueError, ray.exceptions.RayError):  # a replica that died meanwhile
+            continue
     return pids

@@ -3,12 +3,14 @@
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+from uuid import uuid4
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.cli.reconnect import holds, resuming
 from services.serving.security import bearer, channel
-from services.serving.wire import SERVICE, params_message, pb, rpc
+from services.serving.wire import SERVICE, add_event, params_message, pb, rpc
 
 
 class DlmClient:
@@ -20,15 +22,18 @@ class DlmClient:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        resume_timeout: float = 60.0,
     ):
         """api_key: the server's bearer token; tls_ca: the CA file that signed the server's certificate (TLS);
-        tls_cert + tls_key: this client's certificate where the server asks for one (mTLS)."""
+        tls_cert + tls_key: this client's certificate where the server asks for one (mTLS); resume_timeout: how long
+        `stream` and `generate` go on reconnecting after a broken stream (services/cli/reconnect.py), 0: never."""
         self.target = target
         self.channel = channel(target, tls_ca, tls_cert, tls_key)
         self.metadata = bearer(api_key)
         self.stub = rpc.DlmServiceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout  # per call, seconds; None: no deadline
+        self.resume_timeout = resume_timeout
 
     def __enter__(self) -> "DlmClient":
         return self
@@ -84,17 +89,34 @@ class DlmClient:
         return req
 
     def generate(self, prompt: str | Sequence[int], **kwargs):
-        """Decode to completion -> GenerateResponse (text, token_ids, finish_reason, usage, stats)."""
-        return self.call(self.stub.Generate, self.request(prompt, **kwargs))
+        """Decode to completion -> GenerateResponse (text, token_ids, finish_reason, usage, stats). A call that
+        breaks (UNAVAILABLE) once the server held its request resumes it as a stream, collected into the response."""
+        request = self.named(self.request(prompt, **kwargs))
+        try:
+            return self.call(self.stub.Generate, request)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or not self.resume_timeout or not holds(e):
+                raise
+        out = pb.GenerateResponse(request_id=request.request_id)
+        for event in resuming(self.open_stream, request, self.resume_timeout, held=True):
+            add_event(out, event)
+        return out
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator:
-        """Yield pb.Chunk, pb.Spans and finally one pb.Complete; closing the iterator cancels the request."""
-        call = self.call(self.stub.GenerateStream, self.request(prompt, **kwargs))
-        try:
-            for message in call:
-                yield getattr(message, message.WhichOneof("event"))
-        finally:
-            call.cancel()  # a no-op once the stream completed
+        """Yield pb.Chunk, pb.Spans and finally one pb.Complete, across reconnects when the stream breaks;
+        closing the iterator cancels the request."""
+        request = self.named(self.request(prompt, **kwargs))
+        yield from resuming(self.open_stream, request, self.resume_timeout)
+
+    def open_stream(self, request):
+        return self.call(self.stub.GenerateStream, request)
+
+    @staticmethod
+    def named(request):
+        """The request with a request id (a uuid unless it names one), so that it can resume even if its stream
+        breaks before the first message."""
+        request.request_id = request.request_id or uuid4().hex
+        return request
 
     def abort(self, request_id: str) -> bool:
         """End a live request (its stream completes as cancelled); False when it was not live."""

@@ -11,6 +11,7 @@ import grpc
 from services.cli.breakdown import finish_level, from_trace, tables
 from services.cli.client import DlmClient
 from services.cli.load import LoadRow, Timing, levels, load_row, table, work
+from services.cli.reconnect import StreamBroken
 from services.common.config import EngineConfig
 from services.common.params import BENCH_PROMPTS as PROMPTS
 from services.common.params import STATS_KEYS, format_logprobs, logprob_entry, parse_sets, stats_line
@@ -57,8 +58,8 @@ def generate_remote(args) -> int:
                     done = event
     except grpc.RpcError as e:
         return rpc_error(e)
-    if done is None:
-        print("dlm: error: the stream ended without completing", file=sys.stderr)
+    except StreamBroken as e:  # and reconnecting for the client's resume_timeout did not resume it
+        print(f"dlm: error: {e}", file=sys.stderr)
         return 1
     if args.json:
         stats = stats_dict(done.stats)

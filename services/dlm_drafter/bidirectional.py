@@ -84,6 +84,12 @@ class BidirectionalDrafter:
         if region.start != state.block_start:
             enter_block(state, region, call.cache)
         P, end = req.prompt_len, req.horizon
+        cut = P + region.start - self.shift
+        if call.cache == "freecache" and cache_len(state.kv) > cut:
+            # a request resumed from an earlier round (a takeover) behind the blocks this cache froze: the KV before
+            # its block is what it was then, deterministically, and the rest goes
+            truncate(state.kv, cut)
+            state.frozen = min(state.frozen, region.start)
         seq = req.prompt_ids + req.tokens[:end].tolist()  # [P + horizon]
         past = cache_len(state.kv)
         lo, hi = self.span(call, P, end)

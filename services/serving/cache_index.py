@@ -107,8 +107,14 @@ class CacheIndex(ABC):
         is alive (OwnerAlive), in one step; None when the request is unknown or expired."""
 
     @abstractmethod
-    async def lease(self, owner: str, ttl_s: float) -> None:
-        """Start or renew an orchestrator's lease: it is alive for ttl_s from now."""
+    async def orphans(self) -> list[str]:
+        """The requests whose owner's lease has lapsed (or that have no owner): each is for a live orchestrator to
+        `adopt`. Not a snapshot: a request may be adopted or released before it is."""
+
+    @abstractmethod
+    async def lease(self, owner: str, ttl_s: float, address: str = "") -> None:
+        """Start or renew an orchestrator's lease: it is alive for ttl_s from now; address: where another
+        orchestrator relays the streams of its requests from (OwnerAlive.address)."""
 
     @abstractmethod
     async def leases(self) -> dict[str, float]:
@@ -167,7 +173,12 @@ class CacheIndex(ABC):
 
 
 class OwnerAlive(Exception):
-    """The request belongs to an orchestrator whose lease is alive: it is decoding there, not to be adopted."""
+    """The request belongs to an orchestrator whose lease is alive: it is decoding there, not to be adopted.
+    address: where that orchestrator serves its streams to others ("" when its lease names none)."""
+
+    def __init__(self, message: str, owner: str = "", address: str = ""):
+        super().__init__(message)
+        self.owner, self.address = owner, address
 
 
 class IndexUnavailable(Exception):

@@ -9,6 +9,7 @@ Keys (prefix `dlm:` by default):
     {p}replica:{r}:held       hash: request id -> tokens it holds on the replica
     {p}replica:{r}:exp        zset: request id -> expiry (ms since the epoch, server clock; +inf: never)
     {p}replicas               set: every replica that reserved tokens
+    {p}lease:{owner}          string: an orchestrator's relay address, alive while the key lives (PX = its lease)
 
 The three request keys share one TTL (PEXPIRE, refreshed by every write). Redis cannot run code when a key expires,
 so a replica's tokens are given back lazily: every script that touches a replica first sweeps the requests whose
@@ -44,6 +45,7 @@ from services.serving.cache_index import (
 __all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
 
 UNREACHABLE = (exceptions.ConnectionError, exceptions.TimeoutError)  # raised as IndexUnavailable
+ORPHAN_BATCH = 500  # entries one `orphans` script checks, so that no script holds Redis for long
 
 _LIB = """
 local P = ARGV[1]
@@ -132,14 +134,25 @@ _GET = """
 return snapshot()
 """
 
-# ARGV: P, id, owner; {owner} while another owner's lease is alive
+# ARGV: P, id, owner; {owner, its lease's address} while another owner's lease is alive
 _ADOPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local old = redis.call('HGET', KEYS[1], 'owner') or ''
-if old ~= '' and old ~= ARGV[3] and redis.call('EXISTS', P .. 'lease:' .. old) == 1 then return {old} end
+local alive = old ~= '' and old ~= ARGV[3] and redis.call('GET', P .. 'lease:' .. old)
+if alive then return {old, alive} end
 redis.call('HSET', KEYS[1], 'owner', ARGV[3])
 touch(ARGV[2], now_ms())
 return snapshot()
+"""
+
+# KEYS: entries (req:{id}); ARGV: P -- the entries whose owner holds no lease
+_ORPHANS = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  local owner = redis.call('HGET', key, 'owner')
+  if owner and (owner == '' or redis.call('EXISTS', P .. 'lease:' .. owner) == 0) then out[#out + 1] = key end
+end
+return out
 """
 
 # ARGV: P, id
@@ -252,6 +265,7 @@ class RedisCacheIndex(CacheIndex):
             "commit": _COMMIT,
             "get": _GET,
             "adopt": _ADOPT,
+            "orphans": _ORPHANS,
             "release": _RELEASE,
             "reserve": _RESERVE,
             "free": _FREE,
@@ -387,14 +401,26 @@ class RedisCacheIndex(CacheIndex):
 
     async def adopt(self, request_id: str, owner: str) -> IndexEntry | None:
         snap = await self._run("adopt", self._req_keys(request_id), request_id, owner)
-        if snap and len(snap) == 1:
-            owner = snap[0].decode()
-            raise OwnerAlive(f"request {request_id} is decoding on orchestrator {owner}, whose lease is alive")
+        if snap and len(snap) == 2:
+            owner, address = snap[0].decode(), snap[1].decode()
+            message = f"request {request_id} is decoding on orchestrator {owner}, whose lease is alive"
+            raise OwnerAlive(message, owner, address)
         return self._decode(request_id, snap)
 
-    async def lease(self, owner: str, ttl_s: float) -> None:
+    async def orphans(self) -> list[str]:
+        entry = self._req_keys("")[0]  # the prefix of every entry's key
         try:
-            await self.client.set(f"{self.prefix}lease:{owner}", "1", px=max(1, round(ttl_s * 1000)))
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(entry) + "*", count=1000)]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+        found = []
+        for i in range(0, len(keys), ORPHAN_BATCH):
+            found += await self._run("orphans", keys[i : i + ORPHAN_BATCH])
+        return [k.decode()[len(entry) :] for k in found]
+
+    async def lease(self, owner: str, ttl_s: float, address: str = "") -> None:
+        try:
+            await self.client.set(f"{self.prefix}lease:{owner}", address, px=max(1, round(ttl_s * 1000)))
         except UNREACHABLE as e:
             raise IndexUnavailable(str(e)) from e
 

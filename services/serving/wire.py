@@ -9,6 +9,8 @@ from services.serving.protogen import load
 
 pb, rpc = load()
 SERVICE = "dlm.v1.DlmService"
+# the header a Generate / GenerateStream call gets once the server holds its request: after it, a broken call resumes
+REQUEST_ID_HEADER = "dlm-request-id"
 
 FINISH = {
     "eos": pb.FINISH_REASON_EOS,
@@ -69,3 +71,17 @@ def stats_message(stats: dict):
 
 def stats_dict(msg) -> dict[str, Any]:
     return {k: getattr(msg, k) for k in STATS}
+
+
+def add_event(out, event) -> None:
+    """Collect a stream's event (Chunk, Spans, Complete) into a GenerateResponse, as the unary Generate answers."""
+    if isinstance(event, pb.Chunk):
+        out.text += event.text
+        out.token_ids.extend(event.token_ids)
+        out.logprobs.extend(event.logprobs)
+    elif isinstance(event, pb.Complete):
+        out.finish_reason = event.finish_reason
+        out.trace.extend(event.trace)
+        out.usage.CopyFrom(event.usage)
+        out.stats.CopyFrom(event.stats)
+        out.seed = event.seed

@@ -2,6 +2,7 @@
 padded batch over requests (any mix of cache modes, smoothing, prompts, blocks) equals their proposals one by one, and
 vicinity refresh recomputes exactly the positions dInfer's description says."""
 
+import copy
 from dataclasses import dataclass, replace
 
 import pytest
@@ -226,3 +227,20 @@ def test_no_cache_mode_keeps_no_kv(tiny_zoo):
 def test_smoothing_weight_grows_to_its_cap():
     smoothing = Smoothing()
     assert [round(smoothing.alpha(step), 6) for step in (0, 1, 2, 4, 10)] == [0.1, 0.15, 0.2, 0.3, 0.3]
+
+
+def test_a_request_resumed_from_an_earlier_block_drops_the_frozen_cache_past_it(tiny_zoo):
+    """Takeover: the replica's cache froze blocks past the request's record; the request runs again from the record
+    (an earlier copy of itself, in an earlier block) and proposes what a cache that never ran ahead proposes."""
+    loaded = load_model(tiny_zoo["drafter_bidirectional"])
+    ahead, fresh = serial(loaded, "freecache"), serial(loaded, "freecache")
+    req = Request("r", [5, 9, 11, 7], 24, loaded.mask_id, loaded.eos_id)
+    req.decide(torch.arange(4), torch.arange(30, 34))
+    recorded = copy.deepcopy(req)
+    for target in (ahead, fresh):
+        target.propose(copy.deepcopy(recorded), Region(0, 8))
+    req.decide(torch.arange(4, 16), torch.arange(34, 46))  # blocks 0 and 1 done: block 2's forward freezes them
+    ahead.propose(req, Region(16, 24))
+    assert cache_len(ahead.host.kv.caches["r"].kv) > 4 + 8
+    resumed = ahead.propose(copy.deepcopy(recorded), Region(0, 8))
+    torch.testing.assert_close(resumed.logits, fresh.propose(copy.deepcopy(recorded), Region(0, 8)).logits)

@@ -309,12 +309,13 @@ async def test_a_record_whose_owner_is_alive_is_never_adopted(index):
     assert (await index.adopt("r", "orch-a")).owner == "orch-a"  # its owner may take it back (a reconnect)
     await asyncio.sleep(2 * TTL)  # orch-a stopped renewing its lease
     assert "orch-a" not in await index.leases()
-    await index.lease("orch-b", ttl_s=60)
+    await index.lease("orch-b", ttl_s=60, address="10.0.0.2:7001")
     adopted = await index.adopt("r", "orch-b")
     assert adopted.owner == "orch-b" and adopted.snapshot == b"round-3"
     await index.lease("orch-a", ttl_s=60)
-    with pytest.raises(OwnerAlive, match="orch-b"):
+    with pytest.raises(OwnerAlive, match="orch-b") as alive:
         await index.adopt("r", "orch-a")
+    assert (alive.value.owner, alive.value.address) == ("orch-b", "10.0.0.2:7001")  # where to relay its stream from
     assert await index.adopt("unknown", "orch-b") is None
     assert set(await index.leases()) == {"orch-a", "orch-b"}
 
@@ -327,3 +328,19 @@ async def test_a_round_commits_its_tokens_snapshot_and_streamed_count_together(i
     await index.commit("r", positions=[2], token_ids=[9])  # without a snapshot: the last one stays
     got = await index.get("r")
     assert (got.order, got.snapshot, got.streamed) == ([1, 0, 2], b"round-1", 2)
+
+
+async def test_orphans_are_the_records_whose_owner_lease_lapsed(index):
+    """The sweep's list: a record whose owner's lease lives is not an orphan; once it lapses it is, until a live
+    orchestrator adopts it; released records are not."""
+    await index.put(full_entry("kept", owner="orch-a"))
+    await index.put(full_entry("lost:*", owner="orch-b"))  # a glob character in the id
+    await index.put(full_entry("ended", owner="orch-b"))
+    await index.release("ended")
+    await index.lease("orch-a", ttl_s=60)
+    await index.lease("orch-b", ttl_s=TTL)
+    assert await index.orphans() == []
+    await asyncio.sleep(2 * TTL)
+    assert await index.orphans() == ["lost:*"]
+    await index.adopt("lost:*", "orch-a")
+    assert await index.orphans() == []

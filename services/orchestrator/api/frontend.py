@@ -21,7 +21,9 @@ from services.orchestrator.engine.output import RequestOutput
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Adopted", "AlreadyExists", "Frontend", "Job", "ModelInfo", "Records", "RequestOutput", "Spec"]
+__all__ = ["Adopted", "AlreadyExists", "Detached", "Frontend", "Job", "ModelInfo", "Records", "RequestOutput", "Spec"]
+
+UNCLAIMED_S = 60.0  # how long a request adopted by a sweep keeps its output, once ended, for its client to resume
 
 
 @dataclass(slots=True)
@@ -58,19 +60,28 @@ class Adopted:
 
 
 class Records(Protocol):
-    """The cache index's records of requests (services/orchestrator/cluster/admission.py)."""
+    """The cache index's records of requests (services/orchestrator/cluster/admission.py). address: where this
+    orchestrator's streams can be relayed from (its private gRPC address), recorded with its lease; set before start."""
+
+    address: str
 
     async def adopt(self, request_id: str) -> Adopted:
         """KeyError: no record; OwnerAlive: its orchestrator lives; IndexUnavailable: the index is down."""
 
 
+class Detached(Exception):
+    """Another stream resumed the request this stream was reading: it goes on there."""
+
+
 class Job:
-    """One request's output queue: the driver puts each round's commits, and its end."""
+    """One request's output queue: the driver puts each round's commits, and its end. `read`: a stream has read it
+    (a job a sweep adopted has none until its client resumes); `detached`: another stream took the request over."""
 
     def __init__(self, frontend: "Frontend", engine: Engine, req: Request):
         self.frontend, self.engine, self.req = frontend, engine, req
         self.request_id, self.prompt_tokens = req.id, req.prompt_len
         self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.read = self.detached = False
 
     @property
     def seed(self) -> int:
@@ -81,6 +92,8 @@ class Job:
         return self.req.finish_reason
 
     def cancel(self, reason: str = "cancelled") -> None:
+        if self.detached:  # the request is another stream's now
+            return
         self.engine.abort(self.request_id, reason)
         self.frontend.wake(self.engine)
 
@@ -88,7 +101,10 @@ class Job:
         return self.req.stats.to_dict()
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Each round's output until the request ends; the last one carries its finish reason."""
+        """Each round's output until the request ends; the last one carries its finish reason. Detached when another
+        stream resumes the request."""
+        self.read = True
+        self.frontend.unclaimed.pop(self.request_id, None)
         while True:
             out = await self.queue.get()
             if out.error is not None:
@@ -108,6 +124,7 @@ class Frontend:
         self.records = records
         self.engine = engines[0]  # the models, the tokenizer and the configuration they share
         self.jobs: dict[str, Job] = {}
+        self.unclaimed: dict[str, tuple[float, Job]] = {}  # ended, never read: request id -> (time.monotonic(), job)
         self.ready = False
         self.wakes = {engine: asyncio.Event() for engine in engines}
         self.drivers: list[asyncio.Task] = []
@@ -133,22 +150,44 @@ class Frontend:
         return job
 
     async def resume(self, spec: Spec) -> Job:
-        """Go on with a request another orchestrator was decoding, from its record in the cache index (its last
-        recorded round); the job's first output is everything that round had streamed, so that the client's stream
-        (api/deltas.py) can skip what it has. KeyError when there is no record to resume."""
+        """Go on with a request from where a client's stream broke: the job's first output is everything the request
+        has streamed, so that the stream (api/deltas.py) can skip what the client has. A request live here (adopted
+        by the sweep, or this is its owner) gets the new stream, and its previous stream ends (Detached); any other
+        is adopted from its record in the cache index (its last recorded round). KeyError when there is no record to
+        resume."""
+        job = self.attach(spec.request_id) or await self.adopt(spec.request_id, spec.deadline)
+        return self.attach(spec.request_id) if job.read else job  # another stream resumed it meanwhile
+
+    async def adopt(self, request_id: str, deadline: float | None = None) -> Job:
+        """Take a request over from its record (Records.adopt's errors), and decode it here; its job's first output
+        is everything the record had streamed. A request live here already keeps its job."""
         if self.records is None:
             raise KeyError("this server keeps no records to resume from")
-        if spec.request_id in self.jobs:
-            raise AlreadyExists(f"request_id {spec.request_id!r} is already decoding here")
-        adopted = await self.records.adopt(spec.request_id)
+        adopted = await self.records.adopt(request_id)
+        if request_id in self.jobs:  # adopted here (by a sweep, or a stream) while the index answered
+            return self.jobs[request_id]
         req, engine = adopted.req, min(self.engines, key=lambda e: len(e.requests))
-        engine.add(req, adopted.strategy, adopted.params, spec.deadline)
+        engine.add(req, adopted.strategy, adopted.params, deadline)
         job = self.jobs[req.id] = Job(self, engine, req)
-        logprobs = [req.logprobs[p] for p in range(req.emitted)] if req.logprobs else []
-        elapsed = time.perf_counter() - req.stats.start_s
-        job.queue.put_nowait(RequestOutput(req.id, req.tokens[: req.emitted].tolist(), [], None, elapsed, logprobs))
+        job.queue.put_nowait(so_far(req))
         self.wake(engine)
         return job
+
+    def attach(self, request_id: str) -> Job | None:
+        """The request's job for a stream that resumes it, when it is live here or ended unread; None otherwise."""
+        now = time.monotonic()
+        self.unclaimed = {rid: (t, job) for rid, (t, job) in self.unclaimed.items() if now - t < UNCLAIMED_S}
+        if request_id in self.unclaimed:
+            return self.unclaimed.pop(request_id)[1]
+        job = self.jobs.get(request_id)
+        if job is None or not job.read:
+            return job  # unread: its queue holds every output since its adoption
+        job.detached = True
+        detached = Detached(f"request {request_id!r} was resumed by another stream")
+        job.queue.put_nowait(RequestOutput.ended(job.req, detached))
+        fresh = self.jobs[request_id] = Job(self, job.engine, job.req)
+        fresh.queue.put_nowait(so_far(job.req))
+        return fresh
 
     def abort(self, request_id: str) -> bool:
         """End a live request as cancelled; False when it is not live."""
@@ -170,6 +209,8 @@ class Frontend:
         job.queue.put_nowait(out)
         if out.finished:
             del self.jobs[out.request_id]
+            if not job.read:  # a request the sweep adopted whose client has not resumed yet
+                self.unclaimed[out.request_id] = (time.monotonic(), job)
 
     async def drive(self, engine: Engine) -> None:
         """The task that steps an engine while it has requests to run."""
@@ -232,3 +273,10 @@ class Frontend:
         await asyncio.gather(*self.drivers, return_exceptions=True)
         for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
             await admission.stop()
+
+
+def so_far(req: Request) -> RequestOutput:
+    """An output of every token the request has streamed, as a resumed stream's first."""
+    logprobs = [req.logprobs[p] for p in range(req.emitted)] if req.logprobs else []
+    elapsed = time.perf_counter() - req.stats.start_s
+    return RequestOutput(req.id, req.tokens[: req.emitted].tolist(), [], None, elapsed, logprobs)

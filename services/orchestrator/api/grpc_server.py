@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -19,11 +20,22 @@ from services.common.config import Limits
 from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas, RoundRow
-from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
+from services.orchestrator.api.frontend import AlreadyExists, Detached, Frontend, Job, Spec
+from services.orchestrator.api.relay import Relay, relayed
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
-from services.serving.wire import FINISH, SERVICE, params_dict, params_message, pb, rpc, stats_message
+from services.serving.wire import (
+    FINISH,
+    REQUEST_ID_HEADER,
+    SERVICE,
+    add_event,
+    params_dict,
+    params_message,
+    pb,
+    rpc,
+    stats_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +74,15 @@ def to_spec(request, limits: Limits, deadline: float | None) -> Spec:
 class DlmServicer(rpc.DlmServiceServicer):
     def __init__(self, backend: Frontend, limits: Limits):
         self.backend, self.limits = backend, limits
+        self.relay = Relay()
 
     async def open(self, request, context) -> Job:
+        """The request's job; its id goes out in the call's headers (a client resumes a broken call after them)."""
+        job = await self.open_job(request, context)
+        await context.send_initial_metadata(((REQUEST_ID_HEADER, job.request_id),))
+        return job
+
+    async def open_job(self, request, context) -> Job:
         if not self.backend.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "models are still loading")
         remaining = context.time_remaining()
@@ -77,7 +96,11 @@ class DlmServicer(rpc.DlmServiceServicer):
             return await self.backend.resume(spec)
         except KeyError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0])
-        except (OwnerAlive, IndexUnavailable) as e:  # its orchestrator may still be alive, or the index is down
+        except OwnerAlive as e:  # decoding on a live orchestrator: relayed from it (relay.py), or try again
+            if e.address and not relayed(context):
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except IndexUnavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except AlreadyExists as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
@@ -110,6 +133,8 @@ class DlmServicer(rpc.DlmServiceServicer):
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
         except Unavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Detached as e:  # not UNAVAILABLE: a client that resumed in its turn would take the request back
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
         except Exception as e:
             log.exception("request %s failed", job.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"decoding failed: {e}")
@@ -128,7 +153,12 @@ class DlmServicer(rpc.DlmServiceServicer):
         yield pb.GenerateStreamResponse(complete=complete)
 
     async def GenerateStream(self, request, context):
-        job = await self.open(request, context)
+        try:
+            job = await self.open(request, context)
+        except OwnerAlive as owner:
+            async for message in self.relay.stream(owner.address, request, context):
+                yield message
+            return
         try:
             async for message in self.run(job, request, context):
                 yield message
@@ -142,17 +172,7 @@ class DlmServicer(rpc.DlmServiceServicer):
         out = pb.GenerateResponse(request_id=job.request_id)
         try:
             async for message in self.run(job, request, context):
-                if message.HasField("chunk"):
-                    out.text += message.chunk.text
-                    out.token_ids.extend(message.chunk.token_ids)
-                    out.logprobs.extend(message.chunk.logprobs)
-                elif message.HasField("complete"):
-                    done = message.complete
-                    out.finish_reason = done.finish_reason
-                    out.trace.extend(done.trace)
-                    out.usage.CopyFrom(done.usage)
-                    out.stats.CopyFrom(done.stats)
-                    out.seed = done.seed
+                add_event(out, getattr(message, message.WhichOneof("event")))
         finally:
             job.cancel()
         return out
@@ -219,13 +239,15 @@ class Server:
         token = api_key(self.serving.api_key_file)
         interceptors = [TokenAuth(token)] if token else []
         self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
-        rpc.add_DlmServiceServicer_to_server(DlmServicer(self.backend, self.limits), self.server)
+        self.servicer = DlmServicer(self.backend, self.limits)
+        rpc.add_DlmServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
         credentials = server_credentials(self.serving)
         if credentials is None:
             self.port = self.server.add_insecure_port(address)
+            self.listen_private(address.rsplit(":", 1)[0])
         else:
             self.port = self.server.add_secure_port(address, credentials)
             # a plaintext Unix socket only this host's processes reach, for the replica's own health probe
@@ -235,6 +257,15 @@ class Server:
         await self.server.start()
         self.loading = asyncio.create_task(self.load())
         return self.port
+
+    def listen_private(self, host: str) -> None:
+        """A port of this server alone, where other orchestrators relay the streams of its requests from (relay.py);
+        recorded with its lease. Several orchestrators may share the public port."""
+        if self.backend.records is None:
+            return
+        port = self.server.add_insecure_port(f"{host}:0")
+        reachable = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "[::]") else host
+        self.backend.records.address = f"{reachable}:{port}"
 
     def local_target(self, host: str) -> str:
         """Where a plaintext channel on this host reaches the server (its health probe): the port, or under TLS
@@ -262,6 +293,7 @@ class Server:
         self.backend.ready = False
         await self.backend.shutdown()
         await self.server.stop(grace)
+        await self.servicer.relay.close()
         if self.socket:
             shutil.rmtree(os.path.dirname(self.socket), ignore_errors=True)
 

@@ -22,7 +22,7 @@ from services.common.proposal import TokenLogprob
 from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.body_errors import invalid_body as body_error
 from services.orchestrator.api.deltas import Delta, Deltas
-from services.orchestrator.api.frontend import AlreadyExists, Frontend, Job, Spec
+from services.orchestrator.api.frontend import Frontend, Job, Spec
 from services.orchestrator.api.openai_protocol import (
     MODEL_ID,
     ChatCompletionRequest,
@@ -167,8 +167,6 @@ async def resume_job(backend: Frontend, request_id: str) -> Job:
         return await backend.resume(Spec([], request_id=request_id))
     except KeyError as e:
         raise APIError(404, e.args[0], "Last-Event-ID", "not_found_error") from None
-    except AlreadyExists as e:
-        raise APIError(409, str(e), "Last-Event-ID", "conflict_error") from None
     except (OwnerAlive, IndexUnavailable, Unavailable) as e:  # its orchestrator may still be alive: retry
         raise APIError(503, str(e), kind="unavailable_error") from None
 

@@ -50,6 +50,14 @@ class IndexAdmission(LedgerAdmission):
         self.records: dict[str, Record] = {}  # live (admitted) request id -> record
         self.writer = IndexWriter(index, self.restore, owner, lease_s)
 
+    @property
+    def address(self) -> str:
+        return self.writer.address
+
+    @address.setter
+    def address(self, address: str) -> None:
+        self.writer.address = address
+
     async def start(self) -> None:
         await self.writer.start()
 

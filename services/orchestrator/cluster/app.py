@@ -24,6 +24,7 @@ from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.metrics import ServeMetrics
 from services.orchestrator.cluster.remote_executor import RemoteExecutor
 from services.orchestrator.cluster.serve_logs import to_serve_log
+from services.orchestrator.cluster.sweep import Sweep
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.telemetry import Telemetry
 from services.serving.direct import DirectHandle
@@ -56,6 +57,8 @@ class Orchestrator:
         attach(self.backend, serving.limits, api_key(serving.api_key_file))
         self.server = Server(self.backend, serving.limits)
         self.port = await self.server.start(f"{serving.host}:{serving.port}")
+        self.sweep = Sweep(self.backend, self.index, serving.lease_s)  # adopts the requests of dead orchestrators
+        self.sweep.start()
         self.channel = grpc.aio.insecure_channel(self.server.local_target(serving.host))
 
     def address(self) -> str:

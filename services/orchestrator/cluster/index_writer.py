@@ -38,6 +38,7 @@ class IndexWriter:
         self.task: asyncio.Task | None = None
         self.renewed = float("-inf")  # time.monotonic() of the last lease renewal
         self.stopping = False
+        self.address = ""  # where other orchestrators relay this one's streams from, recorded with its lease
 
     async def start(self) -> None:
         """Take the lease (IndexUnavailable when the index cannot be reached), then write from a task."""
@@ -60,7 +61,7 @@ class IndexWriter:
         self.wake.set()
 
     async def renew(self) -> None:
-        await self.index.lease(self.owner, self.lease_s)
+        await self.index.lease(self.owner, self.lease_s, self.address)
         self.renewed = time.monotonic()
 
     def renewal_due(self) -> float:

@@ -20,7 +20,7 @@ from services.common.config import EngineConfig, ServingConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.serving.ray_env import set_ray_env
-from tests.replica_processes import replica_pids
+from tests.replica_processes import cluster_replica_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,8 @@ def served_app_on(engine: dict, config_path, num_cpus: int):
     from services.orchestrator.cluster.app import build_app
 
     set_ray_env()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    # a cluster of its own, not the newest one on the machine (ray.init() would join that)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
     port = free_port()  # once Ray's own processes hold their ports, so that none of them takes this one
     engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
     config_path.write_text(yaml.safe_dump({"engine": engine}))
@@ -175,7 +176,7 @@ def test_bad_request_gets_invalid_argument_and_service_goes_on(service):
 
 
 def replica_pid(deployment: str) -> int:
-    [pid] = replica_pids(deployment)
+    [pid] = cluster_replica_pids(deployment)
     return pid
 
 
