@@ -23,9 +23,14 @@ def index(redis_url):
 pytestmark = pytest.mark.anyio
 
 
-def engine_with(engine, index: CacheIndex, budget: int, max_queue: int = 4) -> Engine:
-    placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
-    admission = IndexAdmission(index, placement, ttl_s=60, owner="orchestrator-test", lease_s=0.15)
+ONE_EACH = {"drafter": ["d0"], "guider": ["g0"]}  # deployment -> its live replicas
+
+
+def engine_with(
+    engine, index: CacheIndex, budget: int, max_queue: int = 4, live=ONE_EACH, owner: str = "orchestrator-test"
+) -> Engine:
+    placement = Placement(("drafter", "guider"), lambda deployment: live[deployment], budget)
+    admission = IndexAdmission(index, placement, ttl_s=60, owner=owner, lease_s=0.15)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
     return Engine(type(config)(models=config.models, serving=serving), executor=engine.executor, admission=admission)
@@ -37,15 +42,17 @@ async def started(engine):
     the end."""
     engines = []
 
-    async def start(index: CacheIndex, budget: int, max_queue: int = 4) -> Engine:
-        engines.append(engine_with(engine, index, budget, max_queue))
+    async def start(index: CacheIndex, budget: int, max_queue: int = 4, **kwargs) -> Engine:
+        engines.append(engine_with(engine, index, budget, max_queue, **kwargs))
         await engines[-1].scheduler.admission.start(lambda: None)
         return engines[-1]
 
     yield start
     for eng in engines:
         eng.cancel([er.req for er in eng.requests.values()])
-        await eng.scheduler.admission.stop()
+        admission = eng.scheduler.admission
+        if not admission.writer.task.done():  # not killed
+            await admission.stop()
 
 
 async def steps_until(eng: Engine, done, outputs: list | None = None) -> None:
@@ -132,6 +139,37 @@ async def test_waiting_request_past_its_deadline_ends_without_running(started, i
     assert late.stats.rounds == 0
     await steps_until(eng, lambda: running(eng) == [first.id])
     assert await (await mirrored(eng)).holdings("d0") == {first.id: first.prompt_len + 40}
+
+
+@pytest.mark.parametrize("gone", [None, "drafter"])
+async def test_an_adopted_request_goes_back_to_the_replicas_that_hold_its_kv(started, index, gone):
+    """Its orchestrator died; the replicas its record names still hold its KV, so the adopter places it there, though
+    others are freer; only where a holder is gone too does it go to the freest live replica."""
+    live = {"drafter": ["d0", "d1"], "guider": ["g0", "g1"]}
+    first = await started(index, budget=100, live=live, owner="first")
+    req = first.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    await steps_until(first, lambda: req.stats.rounds >= 2)
+    assert first.scheduler.admission.placement.where[req.id] == {"drafter": "d0", "guider": "g0"}  # ties: lowest
+    await mirrored(first)
+    admission = first.scheduler.admission
+    for task in (admission.writer.task, admission.reserver.task):  # it dies: its lease lapses, its records stay
+        task.cancel()
+    await index.place("other", [["d0"], ["g0"]], 20, None)  # d1 and g1 are the freest now
+    await index.place("third", [["d1"], ["g1"]], 10, None)  # d2, where there is one, is freer than d1
+    await asyncio.sleep(0.2)
+    second_live = {**live, "drafter": ["d1", "d2", "d3"]} if gone else live
+    second = await started(index, budget=100, live=second_live, owner="second")
+    adopted = await second.scheduler.admission.adopt(req.id)
+    assert adopted.replicas == {"drafter": "d0", "guider": "g0"}
+    second.add(adopted.req, adopted.strategy, adopted.params)
+    await steps_until(second, lambda: running(second) == [req.id])
+    want = {"drafter": "d2" if gone else "d0", "guider": "g0"}
+    assert second.scheduler.admission.placement.where[req.id] == want
+    index = await mirrored(second)
+    tokens = req.prompt_len + 40
+    assert await index.holdings(want["drafter"]) == {req.id: tokens, **({} if gone else {"other": 20})}
+    assert await index.holdings("g0") == {req.id: tokens, "other": 20}
+    assert await index.route(req.id) == (want["drafter"], "g0")
 
 
 class Flaky:
