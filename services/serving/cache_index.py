@@ -116,6 +116,10 @@ class CacheIndex(ABC):
         """Orchestrator -> seconds its lease has left, for every live lease."""
 
     @abstractmethod
+    async def requests(self) -> list[str]:
+        """Every request that has an entry, sorted."""
+
+    @abstractmethod
     async def get(self, request_id: str) -> IndexEntry | None:
         """The entry, or None when unknown or expired. Does not refresh the TTL."""
 

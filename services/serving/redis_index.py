@@ -444,9 +444,20 @@ class RedisCacheIndex(CacheIndex):
 
     async def leases(self) -> dict[str, float]:
         start = len(self.prefix) + len("lease:")
-        keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
-        left = [await self.client.pttl(k) for k in keys]
+        try:
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
+            left = [await self.client.pttl(k) for k in keys]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
         return {k.decode()[start:]: ms / 1000 for k, ms in zip(keys, left, strict=True) if ms > 0}
+
+    async def requests(self) -> list[str]:
+        start = len(self.prefix) + len("req:")
+        try:
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "req:*", count=1000)]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+        return sorted(k.decode()[start:] for k in keys)
 
     async def get(self, request_id: str) -> IndexEntry | None:
         return self._decode(request_id, await self._run("get", self._req_keys(request_id), request_id))
