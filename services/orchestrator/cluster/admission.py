@@ -9,8 +9,8 @@ request's record), so it never waits on the index; an `IndexWriter` task writes 
 when a request is placed, at every round's commit its new commits (positions in commit order with their tokens) with
 a snapshot of its whole decode state and the tokens streamed, the replicas it moved to when one was lost (its
 reservations move along, over the budget: the request already runs), and the release when it ends, however it ends.
-While the index is down new requests are refused (Unavailable) and running ones go on; once it is back every live
-record is written again.
+While the index is down new requests, and those waiting for a reservation, are refused (Unavailable) and running
+ones go on; once it is back every live record is written again.
 
 No token is lost or repeated on a takeover, though the record is written after the round's tokens went out: a record
 is the request as of the end of one round, RNG state included, and decoding from it is deterministic, so the
@@ -54,8 +54,9 @@ class IndexAdmission(LedgerAdmission):
         self.ttl_s, self.owner = ttl_s, owner
         self.records: dict[str, Record] = {}  # placed (admitted, or about to be) request id -> record
         self.holders: dict[str, dict[str, str]] = {}  # adopted request id -> deployment -> replica its record names
+        self.refusals: dict[str, Exception] = {}  # waiting request id -> why the index refused it
         self.writer = IndexWriter(index, self.restore, owner, lease_s)
-        self.reserver = Reserver(index, placement, self.placed)
+        self.reserver = Reserver(index, placement, self.placed, self.refused)
         self.wake: Callable[[], None] = lambda: None
 
     async def start(self, wake: Callable[[], None]) -> None:
@@ -77,6 +78,13 @@ class IndexAdmission(LedgerAdmission):
 
     def admit(self, er: EngineRequest) -> bool:
         return er.req.id in self.records
+
+    def refusal(self, er: EngineRequest) -> Exception | None:
+        return self.refusals.get(er.req.id)
+
+    def refused(self, er: EngineRequest, error: Exception) -> None:
+        self.refusals[er.req.id] = error
+        self.wake()
 
     def placed(self, er: EngineRequest, chosen: dict[str, str]) -> None:
         """The reserver holds its tokens in the index: hold them here, write its record, and let the engines admit."""
@@ -119,7 +127,7 @@ class IndexAdmission(LedgerAdmission):
         if self.records.pop(rid, None) is not None:
             self.writer.push(rid, release(rid))
             self.reserver.room()
-        else:
+        elif self.refusals.pop(rid, None) is None:
             self.reserver.withdraw(er)
 
     async def adopt(self, request_id: str) -> Adopted:

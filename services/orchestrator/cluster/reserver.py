@@ -6,8 +6,8 @@ atomic call (`CacheIndex.place`): prompt + max_new_tokens on one replica of each
 with the most free budget as the index counts it (every orchestrator's requests), all or nothing. Once placed, the
 request is handed to the admission, which the scheduler asks at its next step. When no replica has room the head
 waits, and the requests behind it with it, until a request ends here or after a short poll (a request that ended on
-another orchestrator). While the index cannot be reached it retries at the same pace; the writer (index_writer.py)
-is the one that tells new requests the index is down.
+another orchestrator). When the index cannot be reached every waiting request is refused (Unavailable: clients
+retry), as the writer (index_writer.py) refuses new requests until the index is back.
 """
 
 import asyncio
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.common.placement import Placement
-from services.orchestrator.engine.scheduler import EngineRequest
+from services.orchestrator.engine.scheduler import EngineRequest, Unavailable
 from services.serving.cache_index import CacheIndex, IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,17 @@ class Pending:
 
 
 class Reserver:
-    """placed(er, chosen): called on the event loop when a request holds its reservation (deployment -> replica)."""
+    """placed(er, chosen): called on the event loop when a request holds its reservation (deployment -> replica);
+    refused(er, error): when it never will (the index cannot be reached)."""
 
-    def __init__(self, index: CacheIndex, placement: Placement, placed: Callable[[EngineRequest, dict], None]):
-        self.index, self.placement, self.placed = index, placement, placed
+    def __init__(
+        self,
+        index: CacheIndex,
+        placement: Placement,
+        placed: Callable[[EngineRequest, dict], None],
+        refused: Callable[[EngineRequest, Exception], None],
+    ):
+        self.index, self.placement, self.placed, self.refused = index, placement, placed, refused
         self.queue: deque[Pending] = deque()
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -60,6 +67,13 @@ class Reserver:
         for pending in self.queue:
             if pending.er is er:
                 pending.withdrawn = True
+
+    def refuse(self, error: Exception) -> None:
+        """Refuse every request still waiting for a reservation: the index is down, and they must not wait on it."""
+        queue, self.queue = self.queue, deque()
+        for pending in queue:
+            if not pending.withdrawn:
+                self.refused(pending.er, error)
 
     def room(self) -> None:
         """A request ended here: its tokens are free (once the writer's release lands)."""
@@ -99,7 +113,7 @@ class Reserver:
             if chosen is not None and pending.withdrawn:
                 await self.index.release(er.req.id)
         except IndexUnavailable as e:  # a withdrawn request's reservation expires with the index's default TTL
-            log.debug("cache index unavailable while reserving for %s: %s", er.req.id, e)
+            self.refuse(Unavailable(f"cache index ({self.index}) unavailable: {e}"))
             return False
         if chosen is None:
             return False

@@ -49,6 +49,7 @@ class Admission(Protocol):
     def fits(self, er: EngineRequest) -> bool: ...  # could ever be admitted; Unavailable: not now
     def wait(self, er: EngineRequest) -> None: ...  # it joined the queue
     def admit(self, er: EngineRequest) -> bool: ...  # reserve its tokens if there is room now
+    def refusal(self, er: EngineRequest) -> Exception | None: ...  # why a waiting one never will be (index down)
     def progress(self, er: EngineRequest) -> None: ...  # after each round: record what it committed
     def release(self, er: EngineRequest) -> None: ...
 
@@ -73,6 +74,9 @@ class LedgerAdmission:
 
     def admit(self, er: EngineRequest) -> bool:
         return self.placement.place(er.req.id, er.tokens) is not None
+
+    def refusal(self, er: EngineRequest) -> Exception | None:
+        return None
 
     def progress(self, er: EngineRequest) -> None:
         pass
@@ -100,6 +104,10 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running and self.admission.admit(self.waiting[0]):
             self.running.append(self.waiting.popleft())
         return list(self.running)
+
+    def refused(self) -> list[tuple[EngineRequest, Exception]]:
+        """Waiting requests the ledger will never admit, and why."""
+        return [(er, why) for er in self.waiting if (why := self.admission.refusal(er)) is not None]
 
     def finish(self, er: EngineRequest) -> None:
         if er in self.running:

@@ -247,3 +247,20 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(started, index, no
     eng.cancel([s.req for s in eng.requests.values()])
     await settled(admission, down=False)
     assert not [k for k in await index.inner.storage_keys() if ":req:" in k]
+
+
+async def test_a_request_waiting_for_its_reservation_is_refused_when_the_index_goes_down(started, index):
+    """The index went down before the writer noticed: the request passed the door, but it must not wait on Redis."""
+    index = Flaky(index)
+    eng = await started(index, budget=1000)
+    index.up = False
+    req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
+    outs = []
+    await steps_until(eng, lambda: req.id not in eng.requests, outs)
+    [out] = [o for o in outs if o.request_id == req.id]
+    assert isinstance(out.error, Unavailable) and req.stats.rounds == 0
+    assert str(out.error) == "cache index (Redis at test) unavailable: Connection refused"
+    index.up = True
+    await settled(eng.scheduler.admission, down=False)
+    again = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
+    await steps_until(eng, lambda: again.id in running(eng))  # the index is back: admitted

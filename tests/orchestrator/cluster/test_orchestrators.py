@@ -10,6 +10,7 @@ import grpc
 import pytest
 import redis
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli.client import DlmClient
 from services.common.config import EngineConfig
@@ -45,8 +46,7 @@ def service(tiny_zoo, redis_url, tmp_path_factory):
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         app = serve.run(build_app({"config": str(config)}), name="dlm", route_prefix="/")
         target = f"127.0.0.1:{port}"
-        with DlmClient(target, timeout=120) as probe:
-            probe.wait_ready(timeout=180)
+        both_serving(target)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="-", timeout=120, max_retries=0)
         index = redis.Redis.from_url(redis_url)
         yield target, client, app, index, expected
@@ -55,6 +55,25 @@ def service(tiny_zoo, redis_url, tmp_path_factory):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def fresh(target: str) -> grpc.Channel:
+    """A channel on a connection of its own (gRPC shares connections between a process's channels)."""
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def both_serving(target: str) -> None:
+    """Until 16 fresh connections in a row reach a SERVING replica: both have loaded (by chance one alone: 2 ** -16)."""
+    deadline, serving = time.monotonic() + 180, 0
+    while serving < 16:
+        assert time.monotonic() < deadline, "the orchestrators never both became SERVING"
+        with fresh(target) as channel:
+            try:
+                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+            except grpc.RpcError:
+                status = None
+        serving = serving + 1 if status == health_pb2.HealthCheckResponse.SERVING else 0
+        time.sleep(0 if serving else 0.2)
 
 
 def replicas(app) -> set[str]:
@@ -81,8 +100,7 @@ def test_fresh_grpc_connections_reach_both_orchestrators(service):
     target, _, app, index, expected = service
 
     def stream(i: int) -> tuple[str, str]:
-        # a channel of its own, on a connection of its own (gRPC shares connections between a process's channels)
-        with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        with fresh(target) as channel:
             request = DlmClient.request(
                 PROMPT, strategy=STRATEGY, params=PARAMS, max_new_tokens=TOKENS, request_id=f"grpc-{i}"
             )
