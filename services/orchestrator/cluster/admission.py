@@ -125,10 +125,18 @@ class IndexAdmission(LedgerAdmission):
         rid = er.req.id
         super().release(er)
         if self.records.pop(rid, None) is not None:
-            self.writer.push(rid, release(rid))
-            self.reserver.room()
+            self.writer.push(rid, self.released(rid))
         elif self.refusals.pop(rid, None) is None:
             self.reserver.withdraw(er)
+
+    def released(self, request_id: str) -> Write:
+        """Its release, after which the reserver tries again at once: the index has room now."""
+
+        async def write(index: CacheIndex) -> None:
+            await index.release(request_id)
+            self.reserver.room()
+
+        return write
 
     async def adopt(self, request_id: str) -> Adopted:
         """Take over a request from its record: KeyError when the index has none (it ended, or expired), OwnerAlive

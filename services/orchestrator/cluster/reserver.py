@@ -5,13 +5,13 @@ A request that joins an engine's queue joins this one too; the task reserves for
 atomic call (`CacheIndex.place`): prompt + max_new_tokens on one replica of each KV-holding deployment, the live one
 with the most free budget as the index counts it (every orchestrator's requests), all or nothing. Once placed, the
 request is handed to the admission, which the scheduler asks at its next step. When no replica has room the head
-waits, and the requests behind it with it, until a request ends here or after a short poll (a request that ended on
-another orchestrator). When the index cannot be reached every waiting request is refused (Unavailable: clients
-retry), as the writer (index_writer.py) refuses new requests until the index is back.
+waits, and the requests behind it with it, until a request that ended here gave its tokens back in the index, or
+after a short poll (a request that ended on another orchestrator). When the index cannot be reached every waiting
+request is refused (Unavailable: clients retry), as the writer (index_writer.py) refuses new requests until the index
+is back.
 """
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,9 +20,7 @@ from services.common.placement import Placement
 from services.orchestrator.engine.scheduler import EngineRequest, Unavailable
 from services.serving.cache_index import CacheIndex, IndexUnavailable
 
-log = logging.getLogger(__name__)
-
-POLL_S = 0.05  # between tries while no replica has room, or the index cannot be reached
+POLL_S = 0.05  # between tries while no replica has room (another orchestrator may free some)
 
 
 @dataclass(eq=False, slots=True)
@@ -76,7 +74,7 @@ class Reserver:
                 self.refused(pending.er, error)
 
     def room(self) -> None:
-        """A request ended here: its tokens are free (once the writer's release lands)."""
+        """A request that ended here gave its tokens back in the index."""
         self.wake.set()
 
     def candidates(self, holders: dict[str, str]) -> list[list[str]]:
