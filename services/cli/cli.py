@@ -57,6 +57,12 @@ def cmd_serve(args) -> int:
     return serve_ray(args.config, serve_flags(args))
 
 
+def cmd_index(args) -> int:
+    from services.cli.index_cli import index_ls, index_show
+
+    return index_show(args) if args.index_command == "show" else index_ls(args)
+
+
 def client_flags(parser: argparse.ArgumentParser) -> None:
     """How --target reaches a secured server; the token is read from a file or DLM_API_KEY, never a flag's value
     (flags show in `ps`)."""
@@ -150,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--redis", default=None, metavar="URL", help="cache index on Redis (default: serving.redis_url)")
     srv.add_argument("--local", action="store_true", help="serve gRPC on the in-process engine, without Ray")
     srv.set_defaults(func=cmd_serve)
+
+    idx = sub.add_parser("index", help="what the cache index holds: live requests, their owners and replicas")
+    verbs = idx.add_subparsers(dest="index_command", required=True)
+    ls = verbs.add_parser("ls", help="one line per live request: strategy, owner and lease, replicas, tokens")
+    show = verbs.add_parser("show", help="a request's whole record: prompt, sampling, commits, replicas, owner")
+    show.add_argument("request_id")
+    for verb in (ls, show):
+        verb.add_argument("--redis-url", default=None, metavar="URL", help="default: the config's serving.redis_url")
+    idx.set_defaults(func=cmd_index)
     return parser
 
 

@@ -86,7 +86,9 @@ class ServingConfig:
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
     lease_s: float = 2.0  # an orchestrator's lease in the index: its requests are adopted this long after it died
-    replicas: dict[str, int] = field(default_factory=dict)  # deployment -> replicas (drafter, guider, ar, filter); 1
+    # deployment -> replicas (orchestrator, drafter, guider, ar, filter); 1 by default. Orchestrator replicas share
+    # the gRPC port (SO_REUSEPORT), the OpenAI API (the Serve proxy), the model replicas and the cache index's ledger
+    replicas: dict[str, int] = field(default_factory=dict)
     # deployment -> custom Ray resources each of its replicas needs, e.g. {"drafter": {"gpu_node_a": 1}}: which node
     # (which machine) runs it, where the nodes were started with those resources (`ray start --resources`)
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -117,7 +119,7 @@ class ServingConfig:
             raise ValueError(
                 "serving: num_gpus >= 0, max_queue >= 0, and >= 1: max_concurrency, micro_batches, kv_budget_tokens"
             )
-        deployments = ("drafter", "guider", "ar", "filter")
+        deployments = ("orchestrator", "drafter", "guider", "ar", "filter")
         bad = {d: n for d, n in self.replicas.items() if d not in deployments or not isinstance(n, int) or n < 1}
         if bad:
             raise ValueError(f"serving.replicas: deployment -> count >= 1 for {deployments}, got {bad}")

@@ -15,6 +15,7 @@ C = TypeVar("C")
 class KVManager:
     def __init__(self):
         self.caches: dict[str, Any] = {}  # request id -> its cache (CausalCache, GuiderCache, BlockCache: has .kv)
+        self.prefilled = 0  # KV tokens computed into an empty causal cache: prompts, and commits rebuilt after a move
 
     def get(self, req: Request, new: Callable[[], C]) -> C:
         """The request's cache, allocated on first use."""

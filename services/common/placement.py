@@ -3,10 +3,11 @@ placed when it is admitted, on the live replica with the most free KV budget, an
 (it died, timed out, or Serve scaled it down); it then moves to the live replica with the most free budget, which
 rebuilds its KV from the request (services/serving/replica_router.py).
 
-It is the one KV ledger: each executor has one (services/common/contract.py), the engine's scheduler admits a
-request only where it reserves room in it, and the replicas keep no budget of their own. In process each host has
-one replica, "local"; served, the remote executor routes each call by it and the cache index records what it decided
-(services/orchestrator/cluster/admission.py)."""
+In process it is the KV ledger: each executor has one (services/common/contract.py), the engine's scheduler admits a
+request only where it reserves room in it, and the replicas keep no budget of their own; each host has one replica,
+"local". Served, the ledger is the cache index, which every orchestrator shares: the admission reserves there and
+holds here what the index chose (services/orchestrator/cluster/admission.py), and the remote executor routes each call
+by it."""
 
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -28,10 +29,14 @@ class Placement:
             if replica is None or self.used[replica] + tokens > self.budget:
                 return None
             chosen[deployment] = replica
+        self.hold(request_id, chosen, tokens)
+        return dict(chosen)
+
+    def hold(self, request_id: str, chosen: dict[str, str], tokens: int) -> None:
+        """Record a placement decided here (place) or in the cache index, which several orchestrators share."""
         for replica in chosen.values():
             self.used[replica] += tokens
-        self.where[request_id], self.tokens[request_id] = chosen, tokens
-        return dict(chosen)
+        self.where[request_id], self.tokens[request_id] = dict(chosen), tokens
 
     def replica(self, request_id: str, deployment: str) -> str | None:
         return self.where.get(request_id, {}).get(deployment)

@@ -86,6 +86,7 @@ class CausalDrafter:
         if cache_len(cache.kv) == 0:
             prefix_ids, prefix_pos = req.prompt_ids + prefix_ids, list(range(req.prompt_len)) + prefix_pos
             processed = len(ids)
+            self.kv.prefilled += len(prefix_ids)
         cache.add(pending, pending_ids)
         n = len(prefix_ids)
         if groups is not None:

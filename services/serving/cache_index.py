@@ -7,8 +7,9 @@ Every entry has a sliding TTL: each write refreshes it, and an entry nobody touc
 with the KV tokens it held, so a crashed orchestrator leaks nothing for long.
 
 Per replica the index counts the KV tokens it holds. `reserve` is admission control against a per-replica budget
-in tokens (the block manager's `can_allocate` + `allocate` in one atomic step): call it when a request is admitted
-and again as it grows; `free` gives tokens back when a cache is trimmed, `release` everything a request holds.
+in tokens (the block manager's `can_allocate` + `allocate` in one atomic step); `place` does it for one replica of
+each deployment at once, all or nothing, which is how two orchestrators share one KV ledger; `free` gives tokens
+back when a cache is trimmed, `release` everything a request holds.
 
 One implementation: `RedisCacheIndex` (redis_index.py), every operation one Lua script on a redis-server; when the
 config names none, `dlm serve` starts one on loopback (services/serving/redis_process.py). `make_index(url)`
@@ -121,6 +122,10 @@ class CacheIndex(ABC):
         """Orchestrator -> seconds its lease has left, for every live lease."""
 
     @abstractmethod
+    async def requests(self) -> list[str]:
+        """Every request that has an entry, sorted."""
+
+    @abstractmethod
     async def get(self, request_id: str) -> IndexEntry | None:
         """The entry, or None when unknown or expired. Does not refresh the TTL."""
 
@@ -143,6 +148,16 @@ class CacheIndex(ABC):
         else change nothing and return False. budget=None always admits (growth without a limit).
         With a request_id the tokens are charged to that request: `release` gives them back, and they expire with
         its entry (or after `default_ttl_s` when the request has no entry yet). Without one they stay until `free`."""
+
+    @abstractmethod
+    async def place(
+        self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None
+    ) -> list[str] | None:
+        """Atomically, for all or none of the groups of candidate replicas (one group per deployment): pick in each
+        group the replica with the most room under `budget` (what the request holds already counts as room; None:
+        no budget) and move every token the request holds to `tokens` on each picked replica. Returns the picked
+        replica of each group, or None (nothing changed) when a group has no replica with room. The tokens expire with
+        the request's entry, as `reserve`'s do."""
 
     @abstractmethod
     async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:

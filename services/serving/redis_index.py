@@ -75,6 +75,29 @@ local function drop_if_idle(r)
     redis.call('SREM', P .. 'replicas', r)
   end
 end
+-- give back every token a request holds; -> on how many replicas it held some
+local function unhold(rid, now)
+  local found = 0
+  for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do
+    sweep(r, now)
+    local h = redis.call('HGET', rkey(r, 'held'), rid)
+    if h then
+      redis.call('DECRBY', rkey(r, 'tokens'), h)
+      redis.call('HDEL', rkey(r, 'held'), rid)
+      redis.call('ZREM', rkey(r, 'exp'), rid)
+      found = found + 1
+      drop_if_idle(r)
+    end
+  end
+  return found
+end
+-- when tokens charged to a request expire: with its entry, or after default_ms ('' = never) while it has none
+local function expiry(rid, now, default_ms)
+  local pttl = redis.call('PTTL', P .. 'req:' .. rid)
+  if pttl >= 0 then return fmt(now + pttl) end
+  if pttl == -2 and default_ms ~= '' then return fmt(now + tonumber(default_ms)) end
+  return '+inf'
+end
 -- apply the entry's TTL to its three keys and move its holdings' expiry to the entry's
 local function touch(rid, now)
   local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
@@ -157,20 +180,44 @@ return out
 
 # ARGV: P, id
 _RELEASE = """
+return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) + unhold(ARGV[2], now_ms())
+"""
+
+# ARGV: P, id, tokens, budget ('' = none), default_ttl_ms ('' = never), then per deployment: n, its n candidates.
+# Picks per deployment the candidate with the most room (the request's own holdings count as room), all or nothing,
+# then moves every token the request holds to the chosen replicas. Returns them, or false when one has no room.
+_PLACE = """
+local rid, n, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
-local found = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-for _, r in ipairs(redis.call('SMEMBERS', P .. 'replicas')) do
-  sweep(r, now)
-  local h = redis.call('HGET', rkey(r, 'held'), ARGV[2])
-  if h then
-    redis.call('DECRBY', rkey(r, 'tokens'), h)
-    redis.call('HDEL', rkey(r, 'held'), ARGV[2])
-    redis.call('ZREM', rkey(r, 'exp'), ARGV[2])
-    found = found + 1
-    drop_if_idle(r)
+local chosen, at = {}, 6
+while at <= #ARGV do
+  local best, least = nil, nil
+  for j = at + 1, at + tonumber(ARGV[at]) do
+    local r = ARGV[j]
+    sweep(r, now)
+    local used = tonumber(redis.call('GET', rkey(r, 'tokens')) or '0')
+    used = used - tonumber(redis.call('HGET', rkey(r, 'held'), rid) or '0')
+    if (not budget or used + n <= budget) and (not best or used < least or (used == least and r < best)) then
+      best, least = r, used
+    end
+  end
+  if not best then return false end
+  chosen[#chosen + 1] = best
+  at = at + tonumber(ARGV[at]) + 1
+end
+unhold(rid, now)
+local score = expiry(rid, now, ARGV[5])
+local held = {}
+for _, r in ipairs(chosen) do
+  if not held[r] then
+    held[r] = true
+    redis.call('SADD', P .. 'replicas', r)
+    redis.call('INCRBY', rkey(r, 'tokens'), n)
+    redis.call('HSET', rkey(r, 'held'), rid, n)
+    redis.call('ZADD', rkey(r, 'exp'), score, rid)
   end
 end
-return found
+return chosen
 """
 
 # ARGV: P, replica, tokens, budget ('' = none), id ('' = anonymous), default_ttl_ms ('' = never)
@@ -184,11 +231,7 @@ if ARGV[4] ~= '' and total + n > tonumber(ARGV[4]) then return 0 end
 redis.call('INCRBY', rkey(r, 'tokens'), n)
 if rid ~= '' then
   if not redis.call('ZSCORE', rkey(r, 'exp'), rid) then
-    local score = '+inf'
-    local pttl = redis.call('PTTL', P .. 'req:' .. rid)
-    if pttl >= 0 then score = fmt(now + pttl)
-    elseif pttl == -2 and ARGV[6] ~= '' then score = fmt(now + tonumber(ARGV[6])) end
-    redis.call('ZADD', rkey(r, 'exp'), score, rid)
+    redis.call('ZADD', rkey(r, 'exp'), expiry(rid, now, ARGV[6]), rid)
   end
   redis.call('HINCRBY', rkey(r, 'held'), rid, n)
 end
@@ -268,6 +311,7 @@ class RedisCacheIndex(CacheIndex):
             "orphans": _ORPHANS,
             "release": _RELEASE,
             "reserve": _RESERVE,
+            "place": _PLACE,
             "free": _FREE,
             "replica_tokens": _REPLICA_TOKENS,
             "holdings": _HOLDINGS,
@@ -426,9 +470,20 @@ class RedisCacheIndex(CacheIndex):
 
     async def leases(self) -> dict[str, float]:
         start = len(self.prefix) + len("lease:")
-        keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
-        left = [await self.client.pttl(k) for k in keys]
+        try:
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
+            left = [await self.client.pttl(k) for k in keys]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
         return {k.decode()[start:]: ms / 1000 for k, ms in zip(keys, left, strict=True) if ms > 0}
+
+    async def requests(self) -> list[str]:
+        start = len(self.prefix) + len("req:")
+        try:
+            keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "req:*", count=1000)]
+        except UNREACHABLE as e:
+            raise IndexUnavailable(str(e)) from e
+        return sorted(k.decode()[start:] for k in keys)
 
     async def get(self, request_id: str) -> IndexEntry | None:
         return self._decode(request_id, await self._run("get", self._req_keys(request_id), request_id))
@@ -455,6 +510,15 @@ class RedisCacheIndex(CacheIndex):
         default = _ttl_ms(self.default_ttl_s)
         budget = "" if budget is None else int(budget)
         return bool(await self._run("reserve", [], replica, check_tokens(tokens), budget, request_id or "", default))
+
+    async def place(
+        self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None
+    ) -> list[str] | None:
+        default = _ttl_ms(self.default_ttl_s)
+        budget = "" if budget is None else int(budget)
+        groups = [arg for replicas in candidates for arg in (len(replicas), *replicas)]
+        chosen = await self._run("place", [], request_id, check_tokens(tokens), budget, default, *groups)
+        return [r.decode() for r in chosen] if chosen else None
 
     async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
         return int(await self._run("free", [], replica, check_tokens(tokens), request_id or ""))

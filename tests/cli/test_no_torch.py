@@ -31,7 +31,9 @@ def test_the_fake_torch_fails_to_import(tmp_path):
     assert done.returncode != 0 and "torch imported by a command" in done.stderr
 
 
-@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["bench", "--help"], ["serve", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["generate", "--help"], ["bench", "--help"], ["serve", "--help"], ["index", "ls", "--help"]]
+)
 def test_help_needs_no_torch(tmp_path, args):
     done = dlm(tmp_path, *args)
     assert done.returncode == 0, done.stderr
@@ -63,3 +65,9 @@ def test_generate_on_a_target_needs_no_torch(tmp_path, server, engine):
 def test_the_clis_strategy_names_are_the_engines_and_the_wires():
     assert STRATEGY_NAMES == tuple(STRATEGIES)
     assert set(STRATEGY_NAMES) == set(strategy_names())
+
+
+def test_index_ls_needs_no_torch(tmp_path, redis_url):
+    done = dlm(tmp_path, "index", "ls", "--redis-url", redis_url)
+    assert done.returncode == 0, done.stderr
+    assert "torch" not in done.stderr

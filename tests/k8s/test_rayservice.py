@@ -50,6 +50,22 @@ def test_the_orchestrator_runs_only_on_the_pod_whose_readiness_is_its_grpc_healt
     assert ENGINE["serving"]["host"] == "0.0.0.0"
 
 
+def test_each_orchestrator_replica_has_a_pod_of_its_own():
+    """serving.replicas.orchestrator replicas, each asking one dlm_orchestrator, which each orchestrator pod offers
+    once: every replica runs, each on its own pod behind dlm-serve-svc, and a lost pod takes one replica only."""
+    replicas = ENGINE["serving"]["replicas"]["orchestrator"]
+    assert replicas == 2
+    orchestrator = next(d for d in SERVE_CONFIG["applications"][0]["deployments"] if d["name"] == "orchestrator")
+    assert "num_replicas" not in orchestrator  # the ConfigMap's count (build_app) is the one
+    (resource,) = orchestrator["ray_actor_options"]["resources"]
+    group = GROUPS["orchestrator"]
+    offered = json.loads(json.loads(group["rayStartParams"]["resources"]))[resource]
+    assert orchestrator["ray_actor_options"]["resources"][resource] == offered == 1
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == replicas
+    budget = find("PodDisruptionBudget", "dlm-orchestrator")["spec"]
+    assert budget["maxUnavailable"] == replicas - 1
+
+
 def test_only_the_orchestrator_pod_can_be_a_serve_service_endpoint():
     # the head: excluded from the label; the GPU workers: no Serve proxy, so KubeRay's readiness probe fails there
     assert RAYSERVICE["spec"]["excludeHeadPodFromServeSvc"] is True

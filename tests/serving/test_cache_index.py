@@ -180,6 +180,33 @@ async def test_reserve_respects_the_budget_under_concurrent_tasks(index):
     assert await index.reserve("drafter-0", 1, budget=budget)
 
 
+async def test_place_is_all_or_nothing_on_the_freest_candidates(index):
+    drafters, guiders = ["d0", "d1"], ["g0"]
+    assert await index.place("a", [drafters, guiders], 40, budget=100) == ["d0", "g0"]
+    assert await index.place("b", [drafters, guiders], 30, budget=100) == ["d1", "g0"]
+    assert await index.place("c", [drafters, guiders], 40, budget=100) is None  # g0 holds 70: d1 is not charged
+    assert await index.holdings("d1") == {"b": 30} and await index.replica_tokens("g0") == 70
+    assert await index.place("c", [drafters, guiders], 30, budget=100) == ["d1", "g0"]
+    # what a request holds counts as its room: c moves to d0 although g0 is full (100), its own 30 among them
+    assert await index.place("c", [["d0"], guiders], 30, budget=100) == ["d0", "g0"]
+    assert await index.holdings("d0") == {"a": 40, "c": 30} and await index.holdings("d1") == {"b": 30}
+    assert await index.place("d", [["d1"], guiders], 1, budget=100) is None  # g0 is full
+    assert await index.place("d", [["d1"], guiders], 1, budget=None) == ["d1", "g0"]  # a move: no budget
+    assert await index.replica_tokens("g0") == 101
+    assert await index.release("c")
+    assert await index.replica_tokens("d0") == 40 and await index.replica_tokens("g0") == 71
+
+
+async def test_place_never_overcommits_under_concurrent_orchestrators(index):
+    async def admit(i: int) -> list[str] | None:
+        return await index.place(f"r{i}", [["d0", "d1"], ["g0"]], 7, budget=50)
+
+    placed = [p for p in await asyncio.gather(*(admit(i) for i in range(32))) if p]
+    assert len(placed) == 7  # g0: 7 requests of 7 tokens, never 8
+    assert await index.replica_tokens("g0") == 49
+    assert await index.replica_tokens("d0") + await index.replica_tokens("d1") == 49
+
+
 async def test_replica_accounting(index):
     assert await index.replica_tokens("r0") == 0 and await index.holdings("r0") == {}
     assert await index.reserve("r0", 50, budget=None, request_id="a")  # no budget: growth always admitted

@@ -57,6 +57,7 @@ class Adopted:
     req: Request
     strategy: str
     params: dict
+    replicas: dict[str, str] = field(default_factory=dict)  # deployment -> the replica its record says holds its KV
 
 
 class Records(Protocol):
@@ -133,7 +134,7 @@ class Frontend:
         """Load every model, then start driving steps."""
         await self.engine.executor.start()
         for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
-            await admission.start()
+            await admission.start(self.wake_all)
         self.ready = True
         self.drivers = [asyncio.create_task(self.drive(engine)) for engine in self.engines]
 
@@ -199,10 +200,13 @@ class Frontend:
     def wake(self, engine: Engine) -> None:
         self.wakes[engine].set()
 
+    def wake_all(self) -> None:
+        for wake in self.wakes.values():
+            wake.set()
+
     def emit(self, out: RequestOutput) -> None:
         if out.finished:  # its KV room is free: a request waiting on any engine may fit now
-            for wake in self.wakes.values():
-                wake.set()
+            self.wake_all()
         job = self.jobs.get(out.request_id)
         if job is None:
             return

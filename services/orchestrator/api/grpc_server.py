@@ -234,11 +234,14 @@ class Server:
         self.port = 0
         self.socket: str | None = None
 
-    async def start(self, address: str = "127.0.0.1:0") -> int:
-        """Listen on address and start loading the models; returns the bound port."""
+    async def start(self, address: str = "127.0.0.1:0", shared: bool = False) -> int:
+        """Listen on address and start loading the models; returns the bound port. shared: other servers (the
+        orchestrator's other replicas on this host) listen on the same port, and the kernel spreads connections
+        over them (SO_REUSEPORT); the replica's own health probe then goes through a Unix socket of its own."""
         token = api_key(self.serving.api_key_file)
         interceptors = [TokenAuth(token)] if token else []
-        self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        options = [("grpc.so_reuseport", int(shared))]
+        self.server = grpc.aio.server(interceptors=interceptors, options=options)
         self.servicer = DlmServicer(self.backend, self.limits)
         rpc.add_DlmServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -250,6 +253,7 @@ class Server:
             self.listen_private(address.rsplit(":", 1)[0])
         else:
             self.port = self.server.add_secure_port(address, credentials)
+        if credentials is not None or shared:
             # a plaintext Unix socket only this host's processes reach, for the replica's own health probe
             self.socket = os.path.join(tempfile.mkdtemp(prefix="dlm-grpc-"), "grpc.sock")
             self.server.add_insecure_port(f"unix:{self.socket}")
@@ -268,8 +272,8 @@ class Server:
         self.backend.records.address = f"{reachable}:{port}"
 
     def local_target(self, host: str) -> str:
-        """Where a plaintext channel on this host reaches the server (its health probe): the port, or under TLS
-        the Unix socket."""
+        """Where a plaintext channel on this host reaches this server (its health probe): the port, or under TLS or
+        on a shared port the Unix socket."""
         local = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
         return f"unix:{self.socket}" if self.socket else f"{local}:{self.port}"
 

@@ -1,13 +1,16 @@
-"""Admission against each replica's KV budget, and each request's record in the cache index, round by round.
+"""Admission against each replica's KV budget in the cache index, and each request's record there, round by round.
 
-A request reserves prompt + max_new_tokens KV tokens on one replica of each KV-holding deployment before it runs (the
-scheduler keeps it waiting meanwhile): the placement (placement.py) picks the live replicas with the most free budget.
-The admission decides from its own copy (the placement's reservations, each live request's record) inside the step,
-so a step never waits on the index; an `IndexWriter` task writes the copy to the index: the record when a request is
-admitted, at every round's commit its new commits (positions in commit order with their tokens) with a snapshot of
-its whole decode state and the tokens streamed, the replicas it moved to when one was lost, and the release when it
-ends, however it ends. While the index is down new requests are refused (Unavailable) and running ones go on; once
-it is back every live record is written again.
+The index is the one KV ledger of every orchestrator replica. A request reserves prompt + max_new_tokens KV tokens on
+one replica of each KV-holding deployment before it runs, atomically in the index against each replica's budget (the
+scheduler keeps it waiting meanwhile): a `Reserver` task (reserver.py) reserves for the queue in FIFO order, on the
+live replicas the index counts freest, or on the replicas that hold an adopted request's KV, and the scheduler admits
+only requests it placed. The step decides from the admission's own copy (the placement's reservations, each live
+request's record), so it never waits on the index; an `IndexWriter` task writes the copy to the index: the record
+when a request is placed, at every round's commit its new commits (positions in commit order with their tokens) with
+a snapshot of its whole decode state and the tokens streamed, the replicas it moved to when one was lost (its
+reservations move along, over the budget: the request already runs), and the release when it ends, however it ends.
+While the index is down new requests, and those waiting for a reservation, are refused (Unavailable) and running
+ones go on; once it is back every live record is written again.
 
 No token is lost or repeated on a takeover, though the record is written after the round's tokens went out: a record
 is the request as of the end of one round, RNG state included, and decoding from it is deterministic, so the
@@ -18,6 +21,7 @@ The step, the rounds' bookkeeping and the writer all run on the serving event lo
 """
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import services.serving.pickling  # noqa: F401 - the compact reducers of Request, which the snapshot pickles
@@ -25,6 +29,7 @@ from services.common.placement import Placement
 from services.common.request import Request
 from services.orchestrator.api.frontend import Adopted
 from services.orchestrator.cluster.index_writer import IndexWriter, Write
+from services.orchestrator.cluster.reserver import Reserver
 from services.orchestrator.engine.scheduler import EngineRequest, LedgerAdmission, Unavailable
 from services.serving.cache_index import CacheIndex, IndexEntry, copy_entry
 from services.serving.indexes import make_index
@@ -47,8 +52,12 @@ class IndexAdmission(LedgerAdmission):
     def __init__(self, index: CacheIndex, placement: Placement, ttl_s: float, owner: str, lease_s: float):
         super().__init__(placement)
         self.ttl_s, self.owner = ttl_s, owner
-        self.records: dict[str, Record] = {}  # live (admitted) request id -> record
+        self.records: dict[str, Record] = {}  # placed (admitted, or about to be) request id -> record
+        self.holders: dict[str, dict[str, str]] = {}  # adopted request id -> deployment -> replica its record names
+        self.refusals: dict[str, Exception] = {}  # waiting request id -> why the index refused it
         self.writer = IndexWriter(index, self.restore, owner, lease_s)
+        self.reserver = Reserver(index, placement, self.placed, self.refused)
+        self.wake: Callable[[], None] = lambda: None
 
     @property
     def address(self) -> str:
@@ -58,10 +67,13 @@ class IndexAdmission(LedgerAdmission):
     def address(self, address: str) -> None:
         self.writer.address = address
 
-    async def start(self) -> None:
+    async def start(self, wake: Callable[[], None]) -> None:
         await self.writer.start()
+        self.wake = wake
+        self.reserver.start()
 
     async def stop(self) -> None:
+        await self.reserver.stop()
         await self.writer.stop()
 
     def fits(self, er: EngineRequest) -> bool:
@@ -69,18 +81,30 @@ class IndexAdmission(LedgerAdmission):
             raise Unavailable(self.writer.down)
         return super().fits(er)
 
+    def wait(self, er: EngineRequest) -> None:
+        self.reserver.add(er, self.holders.pop(er.req.id, None))
+
     def admit(self, er: EngineRequest) -> bool:
+        return er.req.id in self.records
+
+    def refusal(self, er: EngineRequest) -> Exception | None:
+        return self.refusals.get(er.req.id)
+
+    def refused(self, er: EngineRequest, error: Exception) -> None:
+        self.refusals[er.req.id] = error
+        self.wake()
+
+    def placed(self, er: EngineRequest, chosen: dict[str, str]) -> None:
+        """The reserver holds its tokens in the index: hold them here, write its record, and let the engines admit."""
         req = er.req
-        placed = self.placement.place(req.id, er.tokens)
-        if placed is None:
-            return False
-        entry = IndexEntry(req.id, placed.get("drafter"), placed.get("guider"), strategy=er.strategy)
+        self.placement.hold(req.id, chosen, er.tokens)
+        entry = IndexEntry(req.id, chosen.get("drafter"), chosen.get("guider"), strategy=er.strategy)
         entry.params, entry.ttl_s, entry.owner = dict(er.params), self.ttl_s, self.owner
         entry.order, entry.token_ids = list(req.order), req.tokens[req.order].tolist()  # a resumed request has some
         entry.committed_len, entry.streamed, entry.snapshot = len(req.order), req.emitted, snapshot(req)
-        record = self.records[req.id] = Record(entry, er.tokens, placed)
+        record = self.records[req.id] = Record(entry, er.tokens, chosen)
         self.writer.push(req.id, whole(record))
-        return True
+        self.wake()
 
     def progress(self, er: EngineRequest) -> None:
         """At the round's commit: its new commits, the request's state after it, the tokens streamed by then."""
@@ -109,7 +133,18 @@ class IndexAdmission(LedgerAdmission):
         rid = er.req.id
         super().release(er)
         if self.records.pop(rid, None) is not None:
-            self.writer.push(rid, release(rid))
+            self.writer.push(rid, self.released(rid))
+        elif self.refusals.pop(rid, None) is None:
+            self.reserver.withdraw(er)
+
+    def released(self, request_id: str) -> Write:
+        """Its release, after which the reserver tries again at once: the index has room now."""
+
+        async def write(index: CacheIndex) -> None:
+            await index.release(request_id)
+            self.reserver.room()
+
+        return write
 
     async def adopt(self, request_id: str) -> Adopted:
         """Take over a request from its record: KeyError when the index has none (it ended, or expired), OwnerAlive
@@ -117,7 +152,9 @@ class IndexAdmission(LedgerAdmission):
         entry = await self.writer.index.adopt(request_id, self.owner)
         if entry is None or not entry.snapshot:
             raise KeyError(f"request {request_id!r} has no record in the cache index: it ended, or never started")
-        return Adopted(restore(entry.snapshot), entry.strategy, entry.params)
+        holders = {d: replica for d, replica in (("drafter", entry.drafter), ("guider", entry.guider)) if replica}
+        self.holders[request_id] = holders  # the reserver places it back on them while they live
+        return Adopted(restore(entry.snapshot), entry.strategy, entry.params, holders)
 
     def restore(self, changed: set[str]) -> list[tuple[str, Write]]:
         """Writes that bring an index that lost anything back to this copy."""
@@ -138,14 +175,13 @@ def restore(blob: bytes) -> Request:
 
 
 def whole(record: Record) -> Write:
-    """A write that replaces whatever the index holds for the request with the record: entry and reservations."""
+    """A write that replaces whatever the index holds for the request with the record: entry and reservations, which
+    move to its replicas in one step (no other orchestrator sees them free in between)."""
     entry, tokens, replicas = copy_entry(record.entry), record.tokens, record.replicas
 
     async def write(index: CacheIndex) -> None:
-        await index.release(entry.request_id)
         await index.put(entry)
-        for replica in replicas:
-            await index.reserve(replica, tokens, None, request_id=entry.request_id)
+        await index.place(entry.request_id, [[replica] for replica in replicas], tokens, None)
 
     return write
 

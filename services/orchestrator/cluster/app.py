@@ -1,6 +1,10 @@
 """The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
 the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Serve proxy (its ingress).
-`serve deploy` takes `services.orchestrator.cluster.app:build_app`."""
+`serve deploy` takes `services.orchestrator.cluster.app:build_app`.
+
+The orchestrator may run several replicas (serving.replicas.orchestrator): each serves gRPC on serving.port, which
+they share (SO_REUSEPORT: the kernel spreads new connections over them), the Serve proxy spreads OpenAI requests over
+them, and they share the model replicas, whose KV budget each reserves in the cache index (admission.py)."""
 
 import asyncio
 import time
@@ -56,13 +60,18 @@ class Orchestrator:
         self.backend = Frontend(*engines, records=admission)
         attach(self.backend, serving.limits, api_key(serving.api_key_file))
         self.server = Server(self.backend, serving.limits)
-        self.port = await self.server.start(f"{serving.host}:{serving.port}")
+        self.port = await self.server.start(f"{serving.host}:{serving.port}", shared=True)  # every replica's port
+        self.owner = owner
         self.sweep = Sweep(self.backend, self.index, serving.lease_s)  # adopts the requests of dead orchestrators
         self.sweep.start()
         self.channel = grpc.aio.insecure_channel(self.server.local_target(serving.host))
 
     def address(self) -> str:
         return f"port {self.port}"
+
+    def replica(self) -> str:
+        """This replica's id: its requests' owner in the cache index."""
+        return self.owner
 
     def requests(self) -> list[str]:
         """Requests the orchestrator holds (queued or decoding); answers while a model replica is stalled."""
@@ -153,4 +162,4 @@ def build_app(args: dict | None = None):
         "logging_config": logs,
         "max_ongoing_requests": 1000,
     }
-    return Orchestrator.options(**orchestrator).bind(config, **handles)
+    return Orchestrator.options(**options("orchestrator", orchestrator)).bind(config, **handles)

@@ -171,7 +171,7 @@ class Engine:
         return bool(self.requests)
 
     def schedule(self, emit: Emit) -> StepPlan:
-        """End what was aborted or expired, then admit from the queue while the ledger has room."""
+        """End what was aborted or expired or that the ledger refused, then admit from the queue while it has room."""
         now = time.monotonic()
         ending = {
             rid: er.stop_reason or "deadline"
@@ -180,6 +180,8 @@ class Engine:
         }
         for rid, why in ending.items():
             emit(self.end(self.requests[rid], why))
+        for er, error in self.scheduler.refused():
+            emit(self.end(er, "error", error))
         running = self.scheduler.schedule()
         self.telemetry.queue(len(running), len(self.scheduler.waiting))
         return StepPlan(ending, {er.req.id: er.strategy for er in running}, len(self.scheduler.waiting))

@@ -1,8 +1,10 @@
-"""Waiting and running queues. A request waits until the KV ledger (placement.py) has room for it on one replica of
-every host that keeps its KV, then runs: each step advances every running request one round. Admission is FIFO, so a
-large request is not starved by small ones behind it."""
+"""Waiting and running queues. A request waits until the KV ledger has room for it on one replica of every host that
+keeps its KV (in process the placement, placement.py; served the cache index, services/orchestrator/cluster/
+admission.py), then runs: each step advances every running request one round. Admission is FIFO, so a large request
+is not starved by small ones behind it."""
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,10 +44,12 @@ class Admission(Protocol):
 
     placement: Placement  # the ledger
 
-    async def start(self) -> None: ...  # on the serving event loop, before the first step
+    async def start(self, wake: Callable[[], None]) -> None: ...  # before the first step; wake: room came, step
     async def stop(self) -> None: ...  # after the last step
     def fits(self, er: EngineRequest) -> bool: ...  # could ever be admitted; Unavailable: not now
+    def wait(self, er: EngineRequest) -> None: ...  # it joined the queue
     def admit(self, er: EngineRequest) -> bool: ...  # reserve its tokens if there is room now
+    def refusal(self, er: EngineRequest) -> Exception | None: ...  # why a waiting one never will be (index down)
     def progress(self, er: EngineRequest) -> None: ...  # after each round: record what it committed
     def release(self, er: EngineRequest) -> None: ...
 
@@ -56,7 +60,7 @@ class LedgerAdmission:
     def __init__(self, placement: Placement):
         self.placement = placement
 
-    async def start(self) -> None:
+    async def start(self, wake: Callable[[], None]) -> None:
         pass
 
     async def stop(self) -> None:
@@ -65,8 +69,14 @@ class LedgerAdmission:
     def fits(self, er: EngineRequest) -> bool:
         return er.tokens <= self.placement.budget
 
+    def wait(self, er: EngineRequest) -> None:
+        pass
+
     def admit(self, er: EngineRequest) -> bool:
         return self.placement.place(er.req.id, er.tokens) is not None
+
+    def refusal(self, er: EngineRequest) -> Exception | None:
+        return None
 
     def progress(self, er: EngineRequest) -> None:
         pass
@@ -87,6 +97,7 @@ class Scheduler:
         if len(self.waiting) >= self.max_waiting:
             raise ResourceExhausted(f"{len(self.waiting)} requests are already waiting for KV budget")
         self.waiting.append(er)
+        self.admission.wait(er)
 
     def schedule(self) -> list[EngineRequest]:
         """Admit from the head of the queue while there is room; -> the requests this step advances."""
@@ -94,12 +105,18 @@ class Scheduler:
             self.running.append(self.waiting.popleft())
         return list(self.running)
 
+    def refused(self) -> list[tuple[EngineRequest, Exception]]:
+        """Waiting requests the ledger will never admit, and why."""
+        return [(er, why) for er in self.waiting if (why := self.admission.refusal(er)) is not None]
+
     def finish(self, er: EngineRequest) -> None:
         if er in self.running:
             self.running.remove(er)
-            self.admission.release(er)
         elif er in self.waiting:
             self.waiting.remove(er)
+        else:
+            return
+        self.admission.release(er)  # a waiting one may hold a reservation already (served)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)

@@ -20,90 +20,156 @@ def index(redis_url):
     return RedisCacheIndex.from_url(redis_url, prefix=f"test:{uuid.uuid4().hex[:8]}:")
 
 
-def engine_with(engine, index: CacheIndex, budget: int, max_queue: int = 4) -> Engine:
-    placement = Placement(("drafter", "guider"), lambda deployment: [deployment[0] + "0"], budget)
-    admission = IndexAdmission(index, placement, ttl_s=60, owner="orchestrator-test", lease_s=0.15)
+pytestmark = pytest.mark.anyio
+
+
+ONE_EACH = {"drafter": ["d0"], "guider": ["g0"]}  # deployment -> its live replicas
+
+
+def engine_with(
+    engine, index: CacheIndex, budget: int, max_queue: int = 4, live=ONE_EACH, owner: str = "orchestrator-test"
+) -> Engine:
+    placement = Placement(("drafter", "guider"), lambda deployment: live[deployment], budget)
+    admission = IndexAdmission(index, placement, ttl_s=60, owner=owner, lease_s=0.15)
     config = engine.config
     serving = type(config.serving)(kv_budget_tokens=budget, max_queue=max_queue)
     return Engine(type(config)(models=config.models, serving=serving), executor=engine.executor, admission=admission)
 
 
-def mirrored(eng: Engine) -> CacheIndex:
-    """The index once the admission's writes reached it (no writer task: the test applies them)."""
-    on(eng, eng.scheduler.admission.writer.flush())
+@pytest.fixture
+async def started(engine):
+    """Engines with their admission's tasks running; every request they hold is cancelled and the tasks stopped at
+    the end."""
+    engines = []
+
+    async def start(index: CacheIndex, budget: int, max_queue: int = 4, **kwargs) -> Engine:
+        engines.append(engine_with(engine, index, budget, max_queue, **kwargs))
+        await engines[-1].scheduler.admission.start(lambda: None)
+        return engines[-1]
+
+    yield start
+    for eng in engines:
+        eng.cancel([er.req for er in eng.requests.values()])
+        admission = eng.scheduler.admission
+        if not admission.writer.task.done():  # not killed
+            await admission.stop()
+
+
+async def steps_until(eng: Engine, done, outputs: list | None = None) -> None:
+    """Step (waiting for the reserver between steps) until done()."""
+    for _ in range(500):
+        await eng.step_async((outputs if outputs is not None else []).append)
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never done")
+
+
+def running(eng: Engine) -> list[str]:
+    return [er.req.id for er in eng.scheduler.running]
+
+
+async def mirrored(eng: Engine) -> CacheIndex:
+    """The index once the admission's writes reached it."""
+    await settled(eng.scheduler.admission, down=False)
     return eng.scheduler.admission.writer.index
 
 
-def on(eng: Engine, coroutine):
-    """Run on the engine's own loop (step()'s), where the index's connections live."""
-    return eng.loop.run_until_complete(coroutine)
-
-
-def test_queue_then_refuse_then_admit_on_release(engine, index):
-    eng = engine_with(engine, index, budget=60, max_queue=1)
+async def test_queue_then_refuse_then_admit_on_release(started, index):
+    eng = await started(index, budget=60, max_queue=1)
     first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
-    eng.step()
-    assert on(eng, mirrored(eng).replica_tokens("d0")) == first.prompt_len + 40
+    await steps_until(eng, lambda: running(eng) == [first.id])
+    assert await (await mirrored(eng)).replica_tokens("d0") == first.prompt_len + 40
     second = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
-    eng.step()
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        await eng.step_async(print)
     assert [s.req.id for s in eng.scheduler.waiting] == [second.id]  # no room: it waits
     with pytest.raises(ResourceExhausted, match="waiting"):
         eng.add_request("def add(a, b):", "streaming", max_new_tokens=40)
     eng.abort(first.id)
-    eng.step()  # the abort frees first's tokens, and second is admitted in the same step
-    index = mirrored(eng)
-    assert on(eng, index.get(first.id)) is None and on(eng, index.get(second.id)) is not None
-    assert on(eng, index.holdings("d0")) == {second.id: second.prompt_len + 40}
-    assert [s.req.id for s in eng.scheduler.running] == [second.id]
-    eng.cancel([second])
+    await steps_until(eng, lambda: running(eng) == [second.id])  # first's tokens freed in the index admit second
+    index = await mirrored(eng)
+    assert await index.get(first.id) is None and await index.get(second.id) is not None
+    assert await index.holdings("d0") == {second.id: second.prompt_len + 40}
 
 
-def test_request_larger_than_budget_is_refused(engine, index):
+async def test_request_larger_than_budget_is_refused(engine, index):
     with pytest.raises(ResourceExhausted, match="budget"):
         engine_with(engine, index, budget=10).add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
 
 
-def test_index_records_commits_and_forgets_the_request(engine, index):
-    eng = engine_with(engine, index, budget=1000)
-    req = eng.request("count from 1 to 9:", max_new_tokens=12)
-    rounds = eng.stream(req, "slot", {"slot_size": 4, "block_size": 8})
-    next(rounds)
-    next(rounds)
-    entry = on(eng, mirrored(eng).get(req.id))
+async def test_index_records_commits_and_forgets_the_request(started, index):
+    eng = await started(index, budget=1000)
+    req = eng.add_request("count from 1 to 9:", "slot", {"slot_size": 4, "block_size": 8}, max_new_tokens=12)
+    await steps_until(eng, lambda: req.stats.rounds >= 2)
+    entry = await (await mirrored(eng)).get(req.id)
     assert entry.order == req.order and entry.token_ids == req.tokens[req.order].tolist()
     assert entry.committed_len == len(req.order)
     assert entry.strategy == "slot" and entry.drafter == "d0"
-    rounds.close()  # a cancelled request: everything goes
-    index = mirrored(eng)
-    assert on(eng, index.keys(req.id)) == [] and on(eng, index.replica_tokens("d0")) == 0
+    eng.cancel([req])  # a cancelled request: everything goes
+    index = await mirrored(eng)
+    assert await index.keys(req.id) == [] and await index.replica_tokens("d0") == 0
     assert all(req.id not in host.kv.caches for host in eng.executor.hosts.values() if hasattr(host, "kv"))
 
 
-def test_a_moved_request_is_recorded_on_its_new_replica(engine, index):
-    eng = engine_with(engine, index, budget=100)
+async def test_a_moved_request_is_recorded_on_its_new_replica(started, index):
+    eng = await started(index, budget=100)
     req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
-    eng.step()
+    await steps_until(eng, lambda: running(eng) == [req.id])
     placement, tokens = eng.scheduler.admission.placement, req.prompt_len + 40
     placement.live = {"drafter": ["d0"], "guider": ["g0", "g1"]}.__getitem__
     placement.move(req.id, "guider", gone={"g0"})  # what the remote hosts do when g0 is lost
-    eng.step()  # the round's progress follows it
-    index = mirrored(eng)
-    assert on(eng, index.route(req.id)) == ("d0", "g1")
-    assert on(eng, index.holdings("g0")) == {} and on(eng, index.holdings("g1")) == {req.id: tokens}
-    assert on(eng, index.get(req.id)).order == req.order  # its commits went along
+    await eng.step_async(print)  # the round's progress follows it
+    index = await mirrored(eng)
+    assert await index.route(req.id) == ("d0", "g1")
+    assert await index.holdings("g0") == {} and await index.holdings("g1") == {req.id: tokens}
+    assert (await index.get(req.id)).order == req.order  # its commits went along
     assert placement.used == {"d0": tokens, "g0": 0, "g1": tokens}
-    eng.cancel([req])
 
 
-def test_waiting_request_past_its_deadline_ends_without_running(engine, index):
-    eng = engine_with(engine, index, budget=60)
+async def test_waiting_request_past_its_deadline_ends_without_running(started, index):
+    eng = await started(index, budget=60)
     first = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     late = eng.request("copy: the lazy dog", max_new_tokens=40)
     eng.add(late, "streaming", deadline=0.0)
-    outs = eng.step()
+    outs = []
+    await steps_until(eng, lambda: late.id not in eng.requests, outs)
     assert [(o.request_id, o.finish_reason) for o in outs if o.request_id == late.id] == [(late.id, "deadline")]
     assert late.stats.rounds == 0
-    eng.cancel([first])
+    await steps_until(eng, lambda: running(eng) == [first.id])
+    assert await (await mirrored(eng)).holdings("d0") == {first.id: first.prompt_len + 40}
+
+
+@pytest.mark.parametrize("gone", [None, "drafter"])
+async def test_an_adopted_request_goes_back_to_the_replicas_that_hold_its_kv(started, index, gone):
+    """Its orchestrator died; the replicas its record names still hold its KV, so the adopter places it there, though
+    others are freer; only where a holder is gone too does it go to the freest live replica."""
+    live = {"drafter": ["d0", "d1"], "guider": ["g0", "g1"]}
+    first = await started(index, budget=100, live=live, owner="first")
+    req = first.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
+    await steps_until(first, lambda: req.stats.rounds >= 2)
+    assert first.scheduler.admission.placement.where[req.id] == {"drafter": "d0", "guider": "g0"}  # ties: lowest
+    await mirrored(first)
+    admission = first.scheduler.admission
+    for task in (admission.writer.task, admission.reserver.task):  # it dies: its lease lapses, its records stay
+        task.cancel()
+    await index.place("other", [["d0"], ["g0"]], 20, None)  # d1 and g1 are the freest now
+    await index.place("third", [["d1"], ["g1"]], 10, None)  # d2, where there is one, is freer than d1
+    await asyncio.sleep(0.2)
+    second_live = {**live, "drafter": ["d1", "d2", "d3"]} if gone else live
+    second = await started(index, budget=100, live=second_live, owner="second")
+    adopted = await second.scheduler.admission.adopt(req.id)
+    assert adopted.replicas == {"drafter": "d0", "guider": "g0"}
+    second.add(adopted.req, adopted.strategy, adopted.params)
+    await steps_until(second, lambda: running(second) == [req.id])
+    want = {"drafter": "d2" if gone else "d0", "guider": "g0"}
+    assert second.scheduler.admission.placement.where[req.id] == want
+    index = await mirrored(second)
+    tokens = req.prompt_len + 40
+    assert await index.holdings(want["drafter"]) == {req.id: tokens, **({} if gone else {"other": 20})}
+    assert await index.holdings("g0") == {req.id: tokens, "other": 20}
+    assert await index.route(req.id) == (want["drafter"], "g0")
 
 
 class Flaky:
@@ -131,30 +197,28 @@ class Flaky:
 
 
 async def settled(admission: IndexAdmission, down: bool) -> None:
-    for _ in range(200):
+    for _ in range(300):
         if (admission.writer.down is not None) == down and not admission.writer.queue:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"writer never settled down={down}: {admission.writer.down}, {admission.writer.queue}")
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize(
     "noticed, lost",
     [("write", False), ("ping", False), ("ping", True), (None, True)],
     ids=["down-noticed-by-a-write", "down-noticed-by-the-lease", "restarted-empty", "restarted-empty-unnoticed"],
 )
-async def test_index_outage_loses_no_record_and_leaves_no_key(engine, index, noticed, lost):
+async def test_index_outage_loses_no_record_and_leaves_no_key(started, index, noticed, lost):
     """The index is unreachable for a while (noticed by a failed write or by the lease renewal), keeping its data or
     losing it (a restart without persistence); or it restarts empty between two writes, unnoticed but for a commit
     to a missing entry. A request ends meanwhile: its release must reach the index too."""
     index = Flaky(index)
-    eng = engine_with(engine, index, budget=1000)
+    eng = await started(index, budget=1000)
     admission = eng.scheduler.admission
-    await admission.start()
     ended = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=40)
     live = eng.add_request("copy: the lazy dog", "streaming", max_new_tokens=40)
-    await eng.step_async(print)
+    await steps_until(eng, lambda: len(running(eng)) == 2)
     await settled(admission, down=False)
     assert (await index.inner.get(ended.id)) is not None
     index.up = noticed is None
@@ -178,8 +242,25 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(engine, index, not
     assert entry.committed_len == len(live.order) and entry.drafter == "d0"
     tokens = live.prompt_len + 40
     assert await index.inner.holdings("d0") == {live.id: tokens} == await index.inner.holdings("g0")
-    eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)  # admitted again
+    again = eng.add_request("def add(a, b):", "streaming", max_new_tokens=8)
+    await steps_until(eng, lambda: again.id in running(eng))
     eng.cancel([s.req for s in eng.requests.values()])
     await settled(admission, down=False)
     assert not [k for k in await index.inner.storage_keys() if ":req:" in k]
-    admission.writer.task.cancel()
+
+
+async def test_a_request_waiting_for_its_reservation_is_refused_when_the_index_goes_down(started, index):
+    """The index went down before the writer noticed: the request passed the door, but it must not wait on Redis."""
+    index = Flaky(index)
+    eng = await started(index, budget=1000)
+    index.up = False
+    req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
+    outs = []
+    await steps_until(eng, lambda: req.id not in eng.requests, outs)
+    [out] = [o for o in outs if o.request_id == req.id]
+    assert isinstance(out.error, Unavailable) and req.stats.rounds == 0
+    assert str(out.error) == "cache index (Redis at test) unavailable: Connection refused"
+    index.up = True
+    await settled(eng.scheduler.admission, down=False)
+    again = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
+    await steps_until(eng, lambda: again.id in running(eng))  # the index is back: admitted

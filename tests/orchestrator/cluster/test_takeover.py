@@ -68,7 +68,7 @@ async def halt(task: asyncio.Task) -> None:
 
 async def kill(frontend: Frontend, admission: IndexAdmission) -> None:
     """Stop as a SIGKILLed process does: no release, no further write, no lease renewal."""
-    for task in [*frontend.drivers, admission.writer.task]:
+    for task in [*frontend.drivers, admission.writer.task, admission.reserver.task]:
         await halt(task)
 
 

@@ -1,0 +1,121 @@
+"""Reservations in the cache index, the one KV ledger of every orchestrator, made from one asyncio task so that no
+step waits on Redis.
+
+A request that joins an engine's queue joins this one too; the task reserves for its head, in FIFO order, with one
+atomic call (`CacheIndex.place`): prompt + max_new_tokens on one replica of each KV-holding deployment, the live one
+with the most free budget as the index counts it (every orchestrator's requests), all or nothing. Once placed, the
+request is handed to the admission, which the scheduler asks at its next step. When no replica has room the head
+waits, and the requests behind it with it, until a request that ended here gave its tokens back in the index, or
+after a short poll (a request that ended on another orchestrator). When the index cannot be reached every waiting
+request is refused (Unavailable: clients retry), as the writer (index_writer.py) refuses new requests until the index
+is back.
+"""
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.common.placement import Placement
+from services.orchestrator.engine.scheduler import EngineRequest, Unavailable
+from services.serving.cache_index import CacheIndex, IndexUnavailable
+
+POLL_S = 0.05  # between tries while no replica has room (another orchestrator may free some)
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    er: EngineRequest
+    holders: dict[str, str] = field(default_factory=dict)  # deployment -> the replica to go back to, when live
+    withdrawn: bool = False
+
+
+class Reserver:
+    """placed(er, chosen): called on the event loop when a request holds its reservation (deployment -> replica);
+    refused(er, error): when it never will (the index cannot be reached)."""
+
+    def __init__(
+        self,
+        index: CacheIndex,
+        placement: Placement,
+        placed: Callable[[EngineRequest, dict], None],
+        refused: Callable[[EngineRequest, Exception], None],
+    ):
+        self.index, self.placement, self.placed, self.refused = index, placement, placed, refused
+        self.queue: deque[Pending] = deque()
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.stopping = False
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run())
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.task is not None:
+            await self.task
+
+    def add(self, er: EngineRequest, holders: dict[str, str] | None = None) -> None:
+        self.queue.append(Pending(er, dict(holders or {})))
+        self.wake.set()
+
+    def withdraw(self, er: EngineRequest) -> None:
+        """It ended before it was placed; a reservation made meanwhile is released."""
+        for pending in self.queue:
+            if pending.er is er:
+                pending.withdrawn = True
+
+    def refuse(self, error: Exception) -> None:
+        """Refuse every request still waiting for a reservation: the index is down, and they must not wait on it."""
+        queue, self.queue = self.queue, deque()
+        for pending in queue:
+            if not pending.withdrawn:
+                self.refused(pending.er, error)
+
+    def room(self) -> None:
+        """A request that ended here gave its tokens back in the index."""
+        self.wake.set()
+
+    def candidates(self, holders: dict[str, str]) -> list[list[str]]:
+        """Per KV-holding deployment, the live replicas it may go to: the one that holds its KV when it is live."""
+        groups = []
+        for deployment in self.placement.deployments:
+            live = self.placement.live(deployment)
+            holder = holders.get(deployment)
+            groups.append([holder] if holder in live else live)
+        return groups
+
+    async def run(self) -> None:
+        while not self.stopping:
+            self.wake.clear()
+            if self.queue and await self.reserve_head():
+                continue
+            try:  # not wait_for: on 3.11 it swallows a cancel that comes as the event is set
+                async with asyncio.timeout(POLL_S if self.queue else None):
+                    await self.wake.wait()
+            except TimeoutError:
+                pass
+
+    async def reserve_head(self) -> bool:
+        """Place the head of the queue; False: no room, or the index is down."""
+        pending = self.queue[0]
+        if pending.withdrawn:
+            self.queue.popleft()
+            return True
+        er, groups = pending.er, self.candidates(pending.holders)
+        if not all(groups):
+            return False  # a deployment has no live replica (Serve is starting one)
+        try:
+            chosen = await self.index.place(er.req.id, groups, er.tokens, self.placement.budget)
+            if chosen is not None and pending.withdrawn:
+                await self.index.release(er.req.id)
+        except IndexUnavailable as e:  # a withdrawn request's reservation expires with the index's default TTL
+            self.refuse(Unavailable(f"cache index ({self.index}) unavailable: {e}"))
+            return False
+        if chosen is None:
+            return False
+        self.queue.popleft()
+        if not pending.withdrawn:
+            self.placed(er, dict(zip(self.placement.deployments, chosen, strict=True)))
+        return True
