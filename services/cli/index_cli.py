@@ -62,7 +62,7 @@ def read(args, request_id: str | None) -> list[Held]:
     try:
         return asyncio.run(gather(index, request_id))
     except IndexUnavailable as e:
-        raise ValueError(f"cache index ({index}) unavailable: {e}") from None
+        raise ValueError(str(e)) from None
 
 
 async def gather(index: CacheIndex, request_id: str | None) -> list[Held]:

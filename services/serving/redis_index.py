@@ -335,11 +335,14 @@ class RedisCacheIndex(CacheIndex):
         where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
         return f"Redis at {where}"
 
+    def unreachable(self, error: Exception) -> IndexUnavailable:
+        return IndexUnavailable(f"cache index ({self}) unavailable: {error}")
+
     async def ping(self) -> None:
         try:
             await self.client.ping()
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -352,7 +355,7 @@ class RedisCacheIndex(CacheIndex):
         try:
             return await self._scripts[name](keys=keys, args=[self.prefix, *args])
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
 
     def _decode(self, request_id: str, snap) -> IndexEntry | None:
         if not snap:
@@ -456,7 +459,7 @@ class RedisCacheIndex(CacheIndex):
         try:
             keys = [k async for k in self.client.scan_iter(match=_glob_escape(entry) + "*", count=1000)]
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
         found = []
         for i in range(0, len(keys), ORPHAN_BATCH):
             found += await self._run("orphans", keys[i : i + ORPHAN_BATCH])
@@ -466,7 +469,7 @@ class RedisCacheIndex(CacheIndex):
         try:
             await self.client.set(f"{self.prefix}lease:{owner}", address, px=max(1, round(ttl_s * 1000)))
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
 
     async def leases(self) -> dict[str, float]:
         start = len(self.prefix) + len("lease:")
@@ -474,7 +477,7 @@ class RedisCacheIndex(CacheIndex):
             keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "lease:*", count=1000)]
             left = [await self.client.pttl(k) for k in keys]
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
         return {k.decode()[start:]: ms / 1000 for k, ms in zip(keys, left, strict=True) if ms > 0}
 
     async def requests(self) -> list[str]:
@@ -482,7 +485,7 @@ class RedisCacheIndex(CacheIndex):
         try:
             keys = [k async for k in self.client.scan_iter(match=_glob_escape(self.prefix) + "req:*", count=1000)]
         except UNREACHABLE as e:
-            raise IndexUnavailable(str(e)) from e
+            raise self.unreachable(e) from e
         return sorted(k.decode()[start:] for k in keys)
 
     async def get(self, request_id: str) -> IndexEntry | None:

@@ -110,8 +110,8 @@ class IndexWriter:
 
     def fail(self, error: IndexUnavailable) -> None:
         if self.down is None:
-            log.warning("cache index (%s) unavailable: %s", self.index, error)
-        self.down = f"cache index ({self.index}) unavailable: {error}"
+            log.warning("%s", error)
+        self.down = str(error)
         self.changed |= {rid for rid, _ in self.queue}
         self.queue.clear()
 

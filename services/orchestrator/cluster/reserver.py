@@ -111,7 +111,7 @@ class Reserver:
             if chosen is not None and pending.withdrawn:
                 await self.index.release(er.req.id)
         except IndexUnavailable as e:  # a withdrawn request's reservation expires with the index's default TTL
-            self.refuse(Unavailable(f"cache index ({self.index}) unavailable: {e}"))
+            self.refuse(Unavailable(str(e)))
             return False
         if chosen is None:
             return False

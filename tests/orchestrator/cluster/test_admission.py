@@ -190,7 +190,7 @@ class Flaky:
 
         async def call(*args, **kwargs):
             if not self.up:
-                raise IndexUnavailable("Connection refused")
+                raise IndexUnavailable(f"cache index ({self}) unavailable: Connection refused")  # as RedisCacheIndex
             return await method(*args, **kwargs)
 
         return call
