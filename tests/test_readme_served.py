@@ -123,8 +123,9 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
     ids = [f"readme-log-{i}" for i in range(4)]
     with DlmClient(f"127.0.0.1:{server.ports[50051]}", timeout=120) as client:
         replies = {request_id: client.generate("sort: 42 7 19 88 3 55", request_id=request_id) for request_id in ids}
-    [log] = Path(logs).glob("replica_dlm_orchestrator_*.log")
-    lines = [line for line in log.read_text().splitlines() if "request_finished" in line]
+    orchestrators = sorted(Path(logs).glob("replica_dlm_orchestrator_*.log"))
+    assert len(orchestrators) == 2  # a log per replica: serving.replicas.orchestrator in the shipped config
+    lines = [line for log in orchestrators for line in log.read_text().splitlines() if "request_finished" in line]
     records = [json.loads(line.split(" -- ", 1)[1]) for line in lines]  # Serve's prefix, then the JSON object
     ours = [r for r in records if r["request_id"] in ids]
     assert sorted(r["request_id"] for r in ours) == ids  # one line each, written when the request ended

@@ -157,8 +157,10 @@ def build_app(args: dict | None = None):
         filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
         handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
+    # the orchestrator replicas together ask what one asks: `dlm serve` on 2 cores fits the models and them
+    orchestrators = serving.replicas.get("orchestrator", 1)
     orchestrator = {
-        "ray_actor_options": {"num_cpus": 0.5, "runtime_env": passive},
+        "ray_actor_options": {"num_cpus": 0.5 / orchestrators, "runtime_env": passive},
         "logging_config": logs,
         "max_ongoing_requests": 1000,
     }
