@@ -3,14 +3,15 @@ N seeded streams at temperature 0.8 over pipeline, streaming, slot (kv=recompute
 once undisturbed and once with the orchestrator replica SIGKILLed when every stream has its first chunk. Prints,
 over the streams, the added latency (disturbed - undisturbed seconds) p50 and max, the takeover time (kill -> the
 first chunk after the stream's longest silence) p50 and max, and when gRPC answered SERVING again; every stream must
-end with its undisturbed text. One orchestrator replica: Serve restarts it, and the new one (a new owner) adopts the
-requests once the dead one's lease lapsed.
-`PYTHONPATH=. python scripts/takeover_latency.py [STREAMS] [LEASE_S]`
+end with its undisturbed text. REPLICAS orchestrator replicas: with 1, Serve restarts it, and the new one (a new
+owner) adopts the requests once the dead one's lease lapsed; with 2, the one that holds the client's connection (and
+so every stream: one process's channels share it) is killed, and the live one's sweep adopts them once the lease
+lapsed, while the client reconnects to it.
+`PYTHONPATH=. python scripts/takeover_latency.py [STREAMS] [LEASE_S] [REPLICAS]`
 
-On a shared 2-core CPU, 8 streams, lease_s 1.0: added latency p50 6.32 s, max 7.54 s; takeover p50 9.69 s, max
-9.72 s; gRPC SERVING again 9.32 s after the kill. The takeover is Serve's restart of the replica (a new Python
-process that loads the app) plus under a second of lease, sweep and the client's backoff; two orchestrator replicas,
-where the live one's sweep adopts, would save the restart (not measured: one orchestrator replica per app here).
+On a shared 2-core CPU, 8 streams, lease_s 1.0, 1 replica: added latency p50 6.32 s, max 7.54 s; takeover p50
+9.69 s, max 9.72 s; gRPC SERVING again 9.32 s after the kill: Serve's restart of the replica (a new Python process
+that loads the app) plus under a second of lease, sweep and the client's backoff.
 """
 
 import os
@@ -21,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.orchestrator.cluster.test_services import served_app
 from tests.orchestrator_kill import CASES, figures, killed_streams, run_streams
 from tests.replica_processes import cluster_replica_pids
@@ -29,18 +32,18 @@ from tests.tiny import zoo
 TOKENS = 128
 
 
-def main(streams: int = 8, lease_s: float = 1.0) -> None:
+def main(streams: int = 8, lease_s: float = 1.0, replicas: int = 1) -> None:
     cases = (list(CASES.items()) * streams)[:streams]
     work = Path(tempfile.mkdtemp(prefix="takeover-"))
     engine = {"models": zoo(str(work / "zoo")), "max_new_tokens": TOKENS, "chat_template": False}
-    engine["serving"] = {"lease_s": lease_s}
+    engine["serving"] = {"lease_s": lease_s, "replicas": {"orchestrator": replicas}}
     with served_app(engine, work / "dlm.yaml", num_cpus=6) as (client, _):
         calm = run_streams(client, cases, TOKENS, 70)
         back: list[float] = []
+        port = int(client.target.rsplit(":", 1)[1])
 
         def kill() -> None:
-            [pid] = cluster_replica_pids("orchestrator")
-            os.kill(pid, signal.SIGKILL)
+            os.kill(connected(cluster_replica_pids("orchestrator"), port), signal.SIGKILL)
             threading.Thread(target=wait_serving, args=(client, time.monotonic(), back), daemon=True).start()
 
         disturbed, killed = killed_streams(client, cases, TOKENS, 70, kill)
@@ -48,8 +51,17 @@ def main(streams: int = 8, lease_s: float = 1.0) -> None:
         found = figures(calm, disturbed, killed)
         added = f"added latency p50 {found['added_p50']:.2f} s, max {found['added_max']:.2f} s"
         takeover = f"takeover p50 {found['takeover_p50']:.2f} s, max {found['takeover_max']:.2f} s"
-        print(f"{streams} streams, 1 orchestrator replica, lease_s {lease_s}: {added}; {takeover}; ", end="")
+        print(
+            f"{streams} streams, {replicas} orchestrator replica(s), lease_s {lease_s}: {added}; {takeover}; ", end=""
+        )
         print(f"gRPC SERVING again {back[0]:.2f} s after the kill")
+
+
+def connected(pids: list[int], port: int) -> int:
+    """The orchestrator process that holds the client's connection to the shared gRPC port."""
+    held = [pid for pid in pids if any(c.laddr.port == port and c.raddr for c in psutil.Process(pid).net_connections())]
+    assert len(held) == 1, f"orchestrators {pids}: {held} hold a connection on port {port}"
+    return held[0]
 
 
 def wait_serving(client, since: float, out: list[float]) -> None:
@@ -64,4 +76,5 @@ def wait_serving(client, since: float, out: list[float]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 8, float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
+    args = sys.argv[1:]
+    main(int(args[0]) if args else 8, float(args[1]) if len(args) > 1 else 1.0, int(args[2]) if len(args) > 2 else 1)

@@ -141,8 +141,10 @@ def test_completion_stream_is_sse_ending_with_done(service):
         assert reply.headers["Content-Type"].startswith("text/event-stream")
         events = reply.read().decode().split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""]
-    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    fields = [dict(line.split(": ", 1) for line in e.split("\n")) for e in events[:-2]]  # id: ...\ndata: ...
+    chunks = [json.loads(f["data"]) for f in fields]
     assert all(c["object"] == "text_completion.chunk" for c in chunks)
+    assert all(f["id"].startswith(f"{c['id']}:") for f, c in zip(fields, chunks, strict=True))
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and chunks[-1]["seed"] >= 0
 
 
