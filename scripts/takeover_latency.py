@@ -22,11 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 from tests.orchestrator.cluster.test_services import served_app
 from tests.orchestrator_kill import CASES, figures, killed_streams, run_streams
-from tests.replica_processes import cluster_replica_pids
+from tests.replica_processes import cluster_replica_pids, serving_connection
 from tests.tiny import zoo
 
 TOKENS = 128
@@ -43,7 +41,9 @@ def main(streams: int = 8, lease_s: float = 1.0, replicas: int = 1) -> None:
         port = int(client.target.rsplit(":", 1)[1])
 
         def kill() -> None:
-            os.kill(connected(cluster_replica_pids("orchestrator"), port), signal.SIGKILL)
+            pid = serving_connection(cluster_replica_pids("orchestrator"), port)
+            assert pid is not None, "no orchestrator holds the client's connection"
+            os.kill(pid, signal.SIGKILL)
             threading.Thread(target=wait_serving, args=(client, time.monotonic(), back), daemon=True).start()
 
         disturbed, killed = killed_streams(client, cases, TOKENS, 70, kill)
@@ -55,13 +55,6 @@ def main(streams: int = 8, lease_s: float = 1.0, replicas: int = 1) -> None:
             f"{streams} streams, {replicas} orchestrator replica(s), lease_s {lease_s}: {added}; {takeover}; ", end=""
         )
         print(f"gRPC SERVING again {back[0]:.2f} s after the kill")
-
-
-def connected(pids: list[int], port: int) -> int:
-    """The orchestrator process that holds the client's connection to the shared gRPC port."""
-    held = [pid for pid in pids if any(c.laddr.port == port and c.raddr for c in psutil.Process(pid).net_connections())]
-    assert len(held) == 1, f"orchestrators {pids}: {held} hold a connection on port {port}"
-    return held[0]
 
 
 def wait_serving(client, since: float, out: list[float]) -> None:

@@ -39,3 +39,12 @@ def cluster_replica_pids(deployment: str, app: str = "dlm") -> list[int]:
         except (ValueError, ray.exceptions.RayError):  # a replica that died meanwhile
             continue
     return pids
+
+
+def serving_connection(pids: list[int], port: int) -> int | None:
+    """Of these orchestrator processes, the one holding a client connection on the shared gRPC port (a client
+    process's channels share one connection, so its streams are all on that orchestrator); None: none holds one."""
+    import psutil
+
+    held = [pid for pid in pids if any(c.laddr.port == port and c.raddr for c in psutil.Process(pid).net_connections())]
+    return held[0] if held else None

@@ -1,8 +1,8 @@
 """A bounded soak run on loopback: the Serve app on the shipped zoo with its index on a redis-server this script
 starts, N concurrent gRPC streams for M minutes, then the counts, the RSS of the orchestrator and the model replicas
-at the start and the end, and what state remains (none may). With --kill-orchestrator-every S the orchestrator
-replica is SIGKILLed every S seconds (Serve restarts it, its requests are adopted and every DlmClient stream resumes:
-none may be lost). Not part of the suite (it takes minutes):
+at the start and the end, and what state remains (none may). With --kill-orchestrator-every S an orchestrator
+replica, the one that holds the streams' connection, is SIGKILLed every S seconds (Serve restarts it, its requests
+are adopted and every DlmClient stream resumes: none may be lost). Not part of the suite (it takes minutes):
 
     python -m tests.soak.soak --minutes 5 --streams 64 --json soak.json
     python -m tests.soak.soak --minutes 3 --streams 8 --kill-orchestrator-every 60
@@ -25,7 +25,7 @@ from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.serving.ray_env import set_ray_env
 from tests.orchestrator.cluster.test_services import free_port
 from tests.redis_server import find_redis_server, redis_process
-from tests.replica_processes import cluster_replica_pids
+from tests.replica_processes import cluster_replica_pids, serving_connection
 
 PROMPTS = ["count from 1 to 9:", "sort: 58 68 49 27 13 91 67", "copy: the lazy dog sleeps", "reverse: a b c d e"]
 STRATEGIES = [("pipeline", {}), ("streaming", {}), ("slot", {}), ("guided", {})]
@@ -46,13 +46,14 @@ def rss_mib() -> dict[str, float]:
     return out
 
 
-def kill_orchestrator_every(seconds: float, until: float, kills: list[float]) -> None:
-    """SIGKILL the orchestrator replica every `seconds` until time.monotonic() passes `until`."""
+def kill_orchestrator_every(seconds: float, until: float, kills: list[float], port: int) -> None:
+    """SIGKILL an orchestrator replica every `seconds` until time.monotonic() passes `until`: the one that holds the
+    streams' connection (with several replicas), else the first."""
     while time.monotonic() + seconds < until:
         time.sleep(seconds)
-        for pid in cluster_replica_pids("orchestrator"):
-            os.kill(pid, signal.SIGKILL)
-            kills.append(time.monotonic())
+        pids = cluster_replica_pids("orchestrator")
+        os.kill(serving_connection(pids, port) or pids[0], signal.SIGKILL)
+        kills.append(time.monotonic())
 
 
 def soak(minutes: float, streams: int, max_new_tokens: int, kill_every: float = 0.0) -> dict:
@@ -100,7 +101,7 @@ def soak(minutes: float, streams: int, max_new_tokens: int, kill_every: float = 
         with ThreadPoolExecutor(streams + 1) as pool:
             futures = [pool.submit(worker, i) for i in range(streams)]
             if kill_every:
-                futures.append(pool.submit(kill_orchestrator_every, kill_every, stop_at, kills))
+                futures.append(pool.submit(kill_orchestrator_every, kill_every, stop_at, kills, port))
             time.sleep(min(30.0, minutes * 60 / 10))  # the first requests allocate; measure from warm
             start_rss = rss_mib()
             for f in futures:
