@@ -6,10 +6,10 @@ logical map of reordered slots (`Request.order`), and the strategy state needed 
 Every entry has a sliding TTL: each write refreshes it, and an entry nobody touched for `ttl_s` vanishes together
 with the KV tokens it held, so a crashed orchestrator leaks nothing for long.
 
-Per replica the index counts the KV tokens it holds. `reserve` is admission control against a per-replica budget
-in tokens (the block manager's `can_allocate` + `allocate` in one atomic step); `place` does it for one replica of
-each deployment at once, all or nothing, which is how two orchestrators share one KV ledger; `free` gives tokens
-back when a cache is trimmed, `release` everything a request holds.
+Per replica the index counts the KV tokens it holds. `place` is admission control against a per-replica budget in
+tokens (the block manager's `can_allocate` + `allocate` in one atomic step) for one replica of each deployment at
+once, all or nothing, which is how two orchestrators share one KV ledger; `release` gives back everything a request
+holds.
 
 One implementation: `RedisCacheIndex` (redis_index.py), every operation one Lua script on a redis-server; when the
 config names none, `dlm serve` starts one on loopback (services/serving/redis_process.py). `make_index(url)`
@@ -17,22 +17,18 @@ config names none, `dlm serve` starts one on loopback (services/serving/redis_pr
 
 The interface is async so that a remote index never blocks the event loop. Usage, per request::
 
-    if not await index.reserve(drafter, prompt_len + max_new_tokens, budget, request_id=rid):
-        ...  # queue or reject: the replica is full
+    placed = await index.place(rid, [drafters, guiders], prompt_len + max_new_tokens, budget)
+    if placed is None:
+        ...  # queue or reject: no replica has room
+    drafter, guider = placed
     await index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
     await index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9], snapshot=blob, streamed=4)  # every round
-    await index.update(rid, state={"credits": [...]})                    # strategy state, after a round
-    await index.route(rid)                                               # Route(drafter=..., guider=...)
-    await index.release(rid)                                             # finished or aborted
+    await index.release(rid)  # finished or aborted
 """
 
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple
-
-# IndexEntry fields that `update` may change (request_id is the key).
-UPDATABLE = ("drafter", "guider", "committed_len", "token_ids", "order", "strategy", "params", "state", "ttl_s")
 
 
 @dataclass(slots=True)
@@ -44,8 +40,8 @@ class IndexEntry:
     logical position `order[i]`, so a request resumes with `tokens[order] = token_ids`. `committed_len` is the
     committed length (`commit` adds to it; normally `len(order)`). `params` and `state` must be JSON-serialisable:
     they are stored as JSON, so `get` returns their JSON form (tuples come back as lists, int keys as strings).
-    `ttl_s`: seconds without a write before the entry vanishes; None in `put` (or `update(ttl_s=None)`) takes the
-    index's `default_ttl_s`, and `get` returns the TTL in force (None: never expires).
+    `ttl_s`: seconds without a write before the entry vanishes; None in `put` takes the index's `default_ttl_s`, and
+    `get` returns the TTL in force (None: never expires).
 
     The record a request resumes from on another orchestrator: `snapshot` is its whole decode state (prompt ids,
     sampling parameters and RNG state, canvas, physical -> logical order, strategy state) as of its last recorded
@@ -68,11 +64,6 @@ class IndexEntry:
     snapshot: bytes = b""
 
 
-class Route(NamedTuple):
-    drafter: str | None
-    guider: str | None
-
-
 class CacheIndex(ABC):
     """The interface, async (a remote index never blocks the event loop); every operation is atomic.
     Operations raise IndexUnavailable when the index cannot be reached."""
@@ -83,11 +74,6 @@ class CacheIndex(ABC):
     @abstractmethod
     async def put(self, entry: IndexEntry) -> None:
         """Create or replace the request's entry and (re)start its TTL. Tokens it already holds stay held."""
-
-    @abstractmethod
-    async def update(self, request_id: str, **fields) -> IndexEntry:
-        """Change some fields of a live entry (names from `UPDATABLE`) and refresh its TTL; returns the new entry.
-        Raises KeyError when the request is unknown or expired. `update(rid)` alone is a heartbeat."""
 
     @abstractmethod
     async def commit(
@@ -133,22 +119,7 @@ class CacheIndex(ABC):
     async def release(self, request_id: str) -> bool:
         """Delete the entry and give every token it holds back to its replicas. True if there was anything."""
 
-    @abstractmethod
-    async def route(self, request_id: str) -> Route | None:
-        """The replicas that hold the request's KV, or None when unknown or expired."""
-
-    @abstractmethod
-    async def keys(self, request_id: str) -> list[str]:
-        """Every storage key the request owns (empty once released or expired)."""
-
     # ------------------------------------------------------------------ replicas
-    @abstractmethod
-    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
-        """Atomically: if replica_tokens(replica) + tokens <= budget, add `tokens` to the replica and return True;
-        else change nothing and return False. budget=None always admits (growth without a limit).
-        With a request_id the tokens are charged to that request: `release` gives them back, and they expire with
-        its entry (or after `default_ttl_s` when the request has no entry yet). Without one they stay until `free`."""
-
     @abstractmethod
     async def place(
         self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None
@@ -156,13 +127,8 @@ class CacheIndex(ABC):
         """Atomically, for all or none of the groups of candidate replicas (one group per deployment): pick in each
         group the replica with the most room under `budget` (what the request holds already counts as room; None:
         no budget) and move every token the request holds to `tokens` on each picked replica. Returns the picked
-        replica of each group, or None (nothing changed) when a group has no replica with room. The tokens expire with
-        the request's entry, as `reserve`'s do."""
-
-    @abstractmethod
-    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
-        """Give back up to `tokens` (a trimmed cache); with a request_id at most what it holds there.
-        Returns the tokens freed."""
+        replica of each group, or None (nothing changed) when a group has no replica with room. `release` gives the
+        tokens back; they expire with the request's entry (or after `default_ttl_s` while it has none)."""
 
     @abstractmethod
     async def replica_tokens(self, replica: str) -> int:
@@ -170,18 +136,15 @@ class CacheIndex(ABC):
 
     @abstractmethod
     async def holdings(self, replica: str) -> dict[str, int]:
-        """request_id -> tokens the request holds on this replica (requests charged through `reserve`)."""
+        """request_id -> tokens the request holds on this replica (placed through `place`)."""
 
     @abstractmethod
     async def replicas(self) -> list[str]:
-        """Every replica that ever reserved tokens, sorted."""
+        """Every replica tokens were placed on, sorted, but those a release or a move left holding nothing."""
 
     @abstractmethod
     async def storage_keys(self) -> list[str]:
         """Every key the index stores (for tests and debugging)."""
-
-    async def ping(self) -> None:  # noqa: B027 - optional hook
-        """Raise IndexUnavailable when the index cannot be reached."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -198,14 +161,6 @@ class OwnerAlive(Exception):
 
 class IndexUnavailable(Exception):
     """The index could not be reached (connection refused, timed out); the write may or may not have happened."""
-
-
-def check_fields(updates: dict) -> None:
-    unknown = set(updates) - set(UPDATABLE)
-    if unknown:
-        raise TypeError(f"update: unknown fields {sorted(unknown)}; updatable fields are {UPDATABLE}")
-    if ("token_ids" in updates) != ("order" in updates):
-        raise ValueError("update: token_ids and order are aligned, replace them together (or use commit)")
 
 
 def check_commit(positions: list[int], token_ids: list[int]) -> tuple[list[int], list[int]]:

@@ -8,7 +8,7 @@ Keys (prefix `dlm:` by default):
     {p}replica:{r}:tokens     int: KV tokens the replica holds
     {p}replica:{r}:held       hash: request id -> tokens it holds on the replica
     {p}replica:{r}:exp        zset: request id -> expiry (ms since the epoch, server clock; +inf: never)
-    {p}replicas               set: every replica that reserved tokens
+    {p}replicas               set: every replica that tokens were placed on
     {p}lease:{owner}          string: an orchestrator's relay address, alive while the key lives (PX = its lease)
 
 The three request keys share one TTL (PEXPIRE, refreshed by every write). Redis cannot run code when a key expires,
@@ -31,13 +31,9 @@ from services.serving.cache_index import (
     IndexEntry,
     IndexUnavailable,
     OwnerAlive,
-    Route,
     check_commit,
-    check_fields,
-    check_ids,
     check_tokens,
     effective_ttl,
-    json_copy,
     normalise,
     request_keys,
 )
@@ -129,19 +125,6 @@ touch(ARGV[2], now_ms())
 return 1
 """
 
-# ARGV: P, id, ttl ('keep' | ms | '' for never), replace_ids ('0' | '1'), ids, order, field, value, ...
-_UPDATE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if ARGV[3] ~= 'keep' then redis.call('HSET', KEYS[1], 'ttl_ms', ARGV[3]) end
-if ARGV[4] == '1' then
-  redis.call('SET', KEYS[2], ARGV[5])
-  redis.call('SET', KEYS[3], ARGV[6])
-end
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-touch(ARGV[2], now_ms())
-return snapshot()
-"""
-
 # ARGV: P, id, n, ids, order[, snapshot, streamed]
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -220,48 +203,6 @@ end
 return chosen
 """
 
-# ARGV: P, replica, tokens, budget ('' = none), id ('' = anonymous), default_ttl_ms ('' = never)
-_RESERVE = """
-local r, n, rid = ARGV[2], tonumber(ARGV[3]), ARGV[5]
-local now = now_ms()
-redis.call('SADD', P .. 'replicas', r)
-sweep(r, now)
-local total = tonumber(redis.call('GET', rkey(r, 'tokens')) or '0')
-if ARGV[4] ~= '' and total + n > tonumber(ARGV[4]) then return 0 end
-redis.call('INCRBY', rkey(r, 'tokens'), n)
-if rid ~= '' then
-  if not redis.call('ZSCORE', rkey(r, 'exp'), rid) then
-    redis.call('ZADD', rkey(r, 'exp'), expiry(rid, now, ARGV[6]), rid)
-  end
-  redis.call('HINCRBY', rkey(r, 'held'), rid, n)
-end
-return 1
-"""
-
-# ARGV: P, replica, tokens, id ('' = anonymous)
-_FREE = """
-local r, n, rid = ARGV[2], tonumber(ARGV[3]), ARGV[4]
-sweep(r, now_ms())
-if rid ~= '' then
-  local h = redis.call('HGET', rkey(r, 'held'), rid)
-  if not h then return 0 end
-  h = tonumber(h)
-  if n > h then n = h end
-  if n == h then
-    redis.call('HDEL', rkey(r, 'held'), rid)
-    redis.call('ZREM', rkey(r, 'exp'), rid)
-  else
-    redis.call('HINCRBY', rkey(r, 'held'), rid, -n)
-  end
-else
-  local total = tonumber(redis.call('GET', rkey(r, 'tokens')) or '0')
-  if n > total then n = total end
-end
-if n > 0 then redis.call('DECRBY', rkey(r, 'tokens'), n) end
-drop_if_idle(r)
-return n
-"""
-
 # ARGV: P, replica
 _REPLICA_TOKENS = """
 sweep(ARGV[2], now_ms())
@@ -304,15 +245,12 @@ class RedisCacheIndex(CacheIndex):
         self.default_ttl_s = effective_ttl(None, default_ttl_s)
         scripts = {
             "put": _PUT,
-            "update": _UPDATE,
             "commit": _COMMIT,
             "get": _GET,
             "adopt": _ADOPT,
             "orphans": _ORPHANS,
             "release": _RELEASE,
-            "reserve": _RESERVE,
             "place": _PLACE,
-            "free": _FREE,
             "replica_tokens": _REPLICA_TOKENS,
             "holdings": _HOLDINGS,
             "sweep_all": _SWEEP_ALL,
@@ -337,12 +275,6 @@ class RedisCacheIndex(CacheIndex):
 
     def unreachable(self, error: Exception) -> IndexUnavailable:
         return IndexUnavailable(f"cache index ({self}) unavailable: {error}")
-
-    async def ping(self) -> None:
-        try:
-            await self.client.ping()
-        except UNREACHABLE as e:
-            raise self.unreachable(e) from e
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -399,37 +331,6 @@ class RedisCacheIndex(CacheIndex):
             e.streamed,
             e.snapshot,
         )
-
-    async def update(self, request_id: str, **updates) -> IndexEntry:
-        check_fields(updates)
-        ttl = _ttl_ms(effective_ttl(updates["ttl_s"], self.default_ttl_s)) if "ttl_s" in updates else "keep"
-        replace = "token_ids" in updates
-        if replace:
-            ids, order = check_ids("token_ids", updates["token_ids"]), check_ids("order", updates["order"])
-            if len(ids) != len(order):
-                raise ValueError(f"token_ids ({len(ids)}) and order ({len(order)}) must be aligned")
-        pairs = []
-        for k in ("drafter", "guider", "strategy"):
-            if k in updates:
-                pairs += [k, str(updates[k] or "")]
-        if "committed_len" in updates:
-            pairs += ["committed_len", int(updates["committed_len"])]
-        for k in ("params", "state"):
-            if k in updates:
-                pairs += [k, json_dumps(json_copy(k, updates[k]))]
-        snap = await self._run(
-            "update",
-            self._req_keys(request_id),
-            request_id,
-            ttl,
-            "1" if replace else "0",
-            pack_ids(ids) if replace else b"",
-            pack_ids(order) if replace else b"",
-            *pairs,
-        )
-        if not snap:
-            raise KeyError(request_id)
-        return self._decode(request_id, snap)
 
     async def commit(
         self,
@@ -494,26 +395,7 @@ class RedisCacheIndex(CacheIndex):
     async def release(self, request_id: str) -> bool:
         return bool(await self._run("release", self._req_keys(request_id), request_id))
 
-    async def route(self, request_id: str) -> Route | None:
-        drafter, guider, exists = await self.client.hmget(self._req_keys(request_id)[0], "drafter", "guider", "ttl_ms")
-        if exists is None:
-            return None
-        return Route(drafter.decode() or None, guider.decode() or None)
-
-    async def keys(self, request_id: str) -> list[str]:
-        keys = self._req_keys(request_id)
-        async with self.client.pipeline(transaction=True) as p:
-            for k in keys:
-                p.exists(k)
-            found = await p.execute()
-        return [k for k, n in zip(keys, found, strict=True) if n]
-
     # ------------------------------------------------------------------ replicas
-    async def reserve(self, replica: str, tokens: int, budget: int | None, request_id: str | None = None) -> bool:
-        default = _ttl_ms(self.default_ttl_s)
-        budget = "" if budget is None else int(budget)
-        return bool(await self._run("reserve", [], replica, check_tokens(tokens), budget, request_id or "", default))
-
     async def place(
         self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None
     ) -> list[str] | None:
@@ -522,9 +404,6 @@ class RedisCacheIndex(CacheIndex):
         groups = [arg for replicas in candidates for arg in (len(replicas), *replicas)]
         chosen = await self._run("place", [], request_id, check_tokens(tokens), budget, default, *groups)
         return [r.decode() for r in chosen] if chosen else None
-
-    async def free(self, replica: str, tokens: int, request_id: str | None = None) -> int:
-        return int(await self._run("free", [], replica, check_tokens(tokens), request_id or ""))
 
     async def replica_tokens(self, replica: str) -> int:
         return int(await self._run("replica_tokens", [], replica))

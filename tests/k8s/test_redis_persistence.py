@@ -41,7 +41,7 @@ def start(args: list[str]) -> subprocess.Popen:
 async def answered(index: RedisCacheIndex) -> None:
     for _ in range(200):
         try:
-            await index.ping()
+            await index.requests()
             return
         except IndexUnavailable:
             await asyncio.sleep(0.05)

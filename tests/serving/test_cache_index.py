@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from services.serving.cache_index import IndexEntry, IndexUnavailable, OwnerAlive, Route
+from services.serving.cache_index import IndexEntry, IndexUnavailable, OwnerAlive, request_keys
 from services.serving.indexes import make_index
 from services.serving.redis_index import RedisCacheIndex
 
@@ -41,6 +41,11 @@ def full_entry(rid: str = "req-1", **overrides) -> IndexEntry:
     return IndexEntry(**values)
 
 
+async def stored_keys(index: RedisCacheIndex, request_id: str) -> set[str]:
+    """The request's keys (entry, ids, order) that the index stores now."""
+    return set(request_keys(index.prefix, request_id)) & set(await index.storage_keys())
+
+
 async def test_put_get_round_trips_every_field(index):
     entry = full_entry()
     await index.put(entry)
@@ -71,48 +76,33 @@ async def test_params_and_state_come_back_in_json_form(index):
         await index.put(full_entry(token_ids=[-1], order=[0]))
 
 
-async def test_update_and_commit(index):
+async def test_commit_appends_in_commit_order(index):
     await index.put(full_entry(token_ids=[], order=[], committed_len=0))
     await index.commit("req-1", positions=[2, 0], token_ids=[11, 12])
     await index.commit("req-1", positions=[1], token_ids=[13])
     got = await index.get("req-1")
     assert got.order == [2, 0, 1] and got.token_ids == [11, 12, 13] and got.committed_len == 3
+    assert got == full_entry(token_ids=[11, 12, 13], order=[2, 0, 1], committed_len=3)  # the rest as put
 
-    new = await index.update("req-1", state={"credits": [1.0]}, strategy="slot", params={"slot_size": 32}, guider="g9")
-    assert new == await index.get("req-1")
-    assert (new.state, new.strategy, new.params, new.guider) == ({"credits": [1.0]}, "slot", {"slot_size": 32}, "g9")
-    assert new.order == [2, 0, 1] and new.drafter == "drafter-0" and new.ttl_s == 30.0
-
-    new = await index.update("req-1", token_ids=[5], order=[4], committed_len=1, ttl_s=None)
-    assert (new.token_ids, new.order, new.committed_len, new.ttl_s) == ([5], [4], 1, 60.0)
-
-    with pytest.raises(TypeError):
-        await index.update("req-1", request_id="other")
-    with pytest.raises(ValueError):
-        await index.update("req-1", token_ids=[1])  # without its order
     with pytest.raises(ValueError):
         await index.commit("req-1", positions=[1, 2], token_ids=[3])
     with pytest.raises(KeyError):
-        await index.update("missing", state={})
-    with pytest.raises(KeyError):
         await index.commit("missing", positions=[0], token_ids=[1])
-    assert await index.keys("missing") == []
+    assert await stored_keys(index, "missing") == set()  # a commit to no entry makes none
 
 
 async def test_ttl_expiry(index):
     await index.put(full_entry("short", ttl_s=TTL))
     await index.put(full_entry("long", ttl_s=60))
-    assert await index.reserve("drafter-0", 100, budget=1000, request_id="short")
-    assert await index.reserve("drafter-0", 7, budget=1000, request_id="long")
-    assert await index.reserve("drafter-0", 5, budget=1000)  # anonymous: never expires
-    assert await index.replica_tokens("drafter-0") == 112
-    if hasattr(index, "client"):  # redis: every key of the request carries the TTL
-        assert all([0 < await index.client.pttl(k) <= TTL * 1000 for k in await index.keys("short")])
+    assert await index.place("short", [["drafter-0"]], 100, budget=1000) == ["drafter-0"]
+    assert await index.place("long", [["drafter-0"]], 7, budget=1000) == ["drafter-0"]
+    assert await index.replica_tokens("drafter-0") == 107
+    owned = await stored_keys(index, "short")
+    assert len(owned) == 3 and all([0 < await index.client.pttl(k) <= TTL * 1000 for k in owned])  # every key's TTL
     await asyncio.sleep(2 * TTL)
     assert await index.get("short") is None
-    assert await index.route("short") is None
-    assert await index.keys("short") == []
-    assert await index.replica_tokens("drafter-0") == 12  # its tokens went back with it
+    assert await stored_keys(index, "short") == set()
+    assert await index.replica_tokens("drafter-0") == 7  # its tokens went back with it
     assert await index.holdings("drafter-0") == {"long": 7}
     assert not any("short" in k for k in await index.storage_keys())
     assert await index.get("long") is not None
@@ -122,7 +112,7 @@ async def test_ttl_expiry(index):
 
 async def test_writes_refresh_the_ttl(index):
     await index.put(full_entry("hb", ttl_s=2 * TTL))
-    assert await index.reserve("guider-1", 10, budget=None, request_id="hb")
+    assert await index.place("hb", [["guider-1"]], 10, budget=None) == ["guider-1"]
     for _ in range(3):
         await asyncio.sleep(TTL)
         await index.commit("hb", positions=[9], token_ids=[1])  # each write restarts the TTL
@@ -133,7 +123,7 @@ async def test_writes_refresh_the_ttl(index):
 
 
 async def test_reservation_before_put_follows_the_entry_ttl(index):
-    assert await index.reserve("drafter-0", 40, budget=100, request_id="early")  # admission, no entry yet
+    assert await index.place("early", [["drafter-0"]], 40, budget=100) == ["drafter-0"]  # admission, no entry yet
     await index.put(full_entry("early", ttl_s=TTL))
     await asyncio.sleep(2 * TTL)
     assert await index.replica_tokens("drafter-0") == 0 and await index.holdings("drafter-0") == {}
@@ -143,41 +133,19 @@ async def test_release_removes_every_key(index):
     await index.put(full_entry("gone"))
     await index.put(full_entry("kept"))
     await index.commit("gone", positions=[8], token_ids=[3])
-    assert await index.reserve("drafter-0", 30, budget=100, request_id="gone")
-    assert await index.reserve("guider-1", 20, budget=100, request_id="gone")
-    assert await index.reserve("drafter-0", 4, budget=100, request_id="kept")
-    owned = await index.keys("gone")
-    assert len(owned) == 3 and all("gone" in k for k in owned)
-    assert set(owned) <= set(await index.storage_keys())
+    assert await index.place("gone", [["drafter-0"], ["guider-1"]], 30, budget=100) == ["drafter-0", "guider-1"]
+    assert await index.place("kept", [["drafter-0"]], 4, budget=100) == ["drafter-0"]
+    owned = await stored_keys(index, "gone")
+    assert len(owned) == 3
 
     assert await index.release("gone")
-    assert await index.keys("gone") == []
-    assert await index.get("gone") is None and await index.route("gone") is None
+    assert await index.get("gone") is None
     assert not any("gone" in k for k in await index.storage_keys())
-    if hasattr(index, "client"):
-        assert await index.client.exists(*owned) == 0
+    assert await index.client.exists(*owned) == 0
     assert await index.replica_tokens("drafter-0") == 4 and await index.replica_tokens("guider-1") == 0
     assert await index.holdings("drafter-0") == {"kept": 4} and await index.holdings("guider-1") == {}
     assert await index.get("kept") == full_entry("kept")
     assert not await index.release("gone")
-
-
-async def test_reserve_respects_the_budget_under_concurrent_tasks(index):
-    budget, threads, attempts = 100, 8, 40
-    granted = [0] * threads
-
-    async def worker(i):
-        for _ in range(attempts):
-            if await index.reserve("drafter-0", 3, budget=budget, request_id=f"t{i}"):
-                granted[i] += 1
-
-    await asyncio.gather(*(worker(i) for i in range(threads)))  # on redis: calls interleave over several connections
-    assert sum(granted) == budget // 3  # 33 grants of 3 tokens, never 34
-    assert await index.replica_tokens("drafter-0") == 99
-    held = await index.holdings("drafter-0")
-    assert sum(held.values()) == 99 and all(held.get(f"t{i}", 0) == 3 * granted[i] for i in range(threads))
-    assert not await index.reserve("drafter-0", 2, budget=budget)
-    assert await index.reserve("drafter-0", 1, budget=budget)
 
 
 async def test_place_is_all_or_nothing_on_the_freest_candidates(index):
@@ -209,35 +177,19 @@ async def test_place_never_overcommits_under_concurrent_orchestrators(index):
 
 async def test_replica_accounting(index):
     assert await index.replica_tokens("r0") == 0 and await index.holdings("r0") == {}
-    assert await index.reserve("r0", 50, budget=None, request_id="a")  # no budget: growth always admitted
-    assert await index.reserve("r0", 25, budget=80, request_id="a")
-    assert not await index.reserve("r0", 6, budget=80, request_id="b")
-    assert await index.reserve("r0", 5, budget=80, request_id="b")
-    assert await index.reserve("r1", 0, budget=0)
+    assert await index.place("a", [["r0"]], 75, budget=None) == ["r0"]  # no budget: growth always admitted
+    assert await index.place("b", [["r0"]], 6, budget=80) is None
+    assert await index.place("b", [["r0"]], 5, budget=80) == ["r0"]
+    assert await index.place("c", [["r1"]], 0, budget=0) == ["r1"]
     assert await index.holdings("r0") == {"a": 75, "b": 5}
-    assert await index.free("r0", 30, request_id="a") == 30  # the guider trimmed its cache
-    assert await index.free("r0", 100, request_id="b") == 5  # at most what b holds
-    assert await index.free("r0", 1, request_id="nobody") == 0
-    assert await index.holdings("r0") == {"a": 45} and await index.replica_tokens("r0") == 45
-    assert await index.reserve("r0", 10, budget=None)  # anonymous
-    assert await index.free("r0", 4) == 4 and await index.replica_tokens("r0") == 51
-    assert await index.release("a") and await index.replica_tokens("r0") == 6
-    assert await index.free("r0", 100) == 6 and await index.replica_tokens("r0") == 0
-    assert await index.replicas() == ["r1"]  # r0 holds nothing now, so it left the index (r1 was never freed)
+    assert await index.place("a", [["r0"]], 45, budget=80) == ["r0"]  # the guider trimmed its cache
+    assert await index.holdings("r0") == {"a": 45, "b": 5} and await index.replica_tokens("r0") == 50
+    assert await index.release("b") and await index.replica_tokens("r0") == 45
+    assert await index.replicas() == ["r0", "r1"]
+    assert await index.release("a") and await index.replica_tokens("r0") == 0
+    assert await index.replicas() == ["r1"]  # r0 holds nothing now, so it left the index (c still holds r1)
     with pytest.raises(ValueError):
-        await index.reserve("r0", -1, budget=None)
-
-
-async def test_routing(index):
-    await index.put(full_entry("r"))
-    assert await index.route("r") == Route(drafter="drafter-0", guider="guider-1")
-    drafter, guider = await index.route("r")
-    assert (drafter, guider) == ("drafter-0", "guider-1")
-    await index.update("r", drafter="drafter-3")  # migrated
-    assert await index.route("r") == Route("drafter-3", "guider-1")
-    await index.put(IndexEntry("no-guider", drafter="drafter-0"))
-    assert await index.route("no-guider") == Route("drafter-0", None)
-    assert await index.route("unknown") is None
+        await index.place("a", [["r0"]], -1, budget=None)
 
 
 def test_the_index_needs_a_redis_url():
@@ -251,7 +203,7 @@ async def test_make_index_redis(redis_url):
     try:
         assert isinstance(idx, RedisCacheIndex) and idx.default_ttl_s == 5
         await idx.put(IndexEntry("x", drafter="d"))
-        assert await idx.route("x") == Route("d", None)
+        assert (await idx.get("x")).drafter == "d"
         assert await idx.release("x")
     finally:
         await idx.close()
@@ -265,7 +217,7 @@ async def test_unreachable_redis_raises_index_unavailable():
     try:
         assert str(idx) == f"Redis at 127.0.0.1:{port}"
         with pytest.raises(IndexUnavailable):
-            await idx.ping()
+            await idx.get("x")
         with pytest.raises(IndexUnavailable):
             await idx.put(IndexEntry("x", drafter="d"))
     finally:
@@ -281,15 +233,16 @@ async def test_no_request_id_reaches_another_requests_keys(index):
     deleted x's ids: every id must own keys of its own."""
     x = full_entry("x")
     await index.put(x)
-    owned = set(await index.keys("x"))
+    owned = await stored_keys(index, "x")
+    assert len(owned) == 3
     for rid in HOSTILE_IDS:
         await index.put(full_entry(rid, token_ids=[1], order=[0], committed_len=1))
         await index.commit(rid, positions=[1], token_ids=[2])
-        await index.update(rid, token_ids=[3], order=[0], state={"s": rid})
-        assert not owned & set(await index.keys(rid)), rid
+        await index.adopt(rid, "orch-a")
+        assert not owned & await stored_keys(index, rid), rid
         assert await index.get("x") == x
         assert await index.release(rid)
-        assert await index.get("x") == x and set(await index.keys("x")) == owned
+        assert await index.get("x") == x and await stored_keys(index, "x") == owned
     await index.commit("x", positions=[5], token_ids=[6])  # x's keys kept their types
     assert (await index.get("x")).token_ids == x.token_ids + [6]
 
@@ -319,8 +272,7 @@ async def test_redis_password_from_the_environment(monkeypatch):
 async def test_no_key_outlives_the_last_request(index):
     """After every request is released, the index holds nothing: not even its replicas' counters."""
     await index.put(full_entry("a"))
-    assert await index.reserve("r0", 10, budget=100, request_id="a")
-    assert await index.reserve("r1", 10, budget=100, request_id="a")
+    assert await index.place("a", [["r0"], ["r1"]], 10, budget=100) == ["r0", "r1"]
     await index.release("a")
     assert await index.storage_keys() == [] and await index.replicas() == []
 

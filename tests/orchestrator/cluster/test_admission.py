@@ -10,7 +10,7 @@ from services.common.placement import Placement
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
-from services.serving.cache_index import CacheIndex, IndexUnavailable
+from services.serving.cache_index import CacheIndex, IndexUnavailable, request_keys
 from services.serving.redis_index import RedisCacheIndex
 
 
@@ -109,7 +109,8 @@ async def test_index_records_commits_and_forgets_the_request(started, index):
     assert entry.strategy == "slot" and entry.drafter == "d0"
     eng.cancel([req])  # a cancelled request: everything goes
     index = await mirrored(eng)
-    assert await index.keys(req.id) == [] and await index.replica_tokens("d0") == 0
+    assert not set(request_keys(index.prefix, req.id)) & set(await index.storage_keys())
+    assert await index.replica_tokens("d0") == 0
     assert all(req.id not in host.kv.caches for host in eng.executor.hosts.values() if hasattr(host, "kv"))
 
 
@@ -122,9 +123,10 @@ async def test_a_moved_request_is_recorded_on_its_new_replica(started, index):
     placement.move(req.id, "guider", gone={"g0"})  # what the remote hosts do when g0 is lost
     await eng.step_async(print)  # the round's progress follows it
     index = await mirrored(eng)
-    assert await index.route(req.id) == ("d0", "g1")
+    entry = await index.get(req.id)
+    assert (entry.drafter, entry.guider) == ("d0", "g1")
     assert await index.holdings("g0") == {} and await index.holdings("g1") == {req.id: tokens}
-    assert (await index.get(req.id)).order == req.order  # its commits went along
+    assert entry.order == req.order  # its commits went along
     assert placement.used == {"d0": tokens, "g0": 0, "g1": tokens}
 
 
@@ -169,7 +171,8 @@ async def test_an_adopted_request_goes_back_to_the_replicas_that_hold_its_kv(sta
     tokens = req.prompt_len + 40
     assert await index.holdings(want["drafter"]) == {req.id: tokens, **({} if gone else {"other": 20})}
     assert await index.holdings("g0") == {req.id: tokens, "other": 20}
-    assert await index.route(req.id) == (want["drafter"], "g0")
+    entry = await index.get(req.id)
+    assert (entry.drafter, entry.guider) == (want["drafter"], "g0")
 
 
 class Flaky:
@@ -236,7 +239,7 @@ async def test_index_outage_loses_no_record_and_leaves_no_key(started, index, no
     index.up = True
     await eng.step_async(print)  # unnoticed: this step's commit finds no entry
     await settled(admission, down=False)
-    assert await index.inner.keys(ended.id) == []
+    assert not set(request_keys(index.inner.prefix, ended.id)) & set(await index.inner.storage_keys())
     entry = await index.inner.get(live.id)
     assert entry.order == live.order and entry.token_ids == live.tokens[live.order].tolist()
     assert entry.committed_len == len(live.order) and entry.drafter == "d0"
