@@ -41,18 +41,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served_app(engine: dict, config_path, num_cpus: int = 4):
+def served_app(engine: dict, config_path, num_cpus: int = 4, http_port: int | None = None):
     """A local Ray and the Serve app on this engine config (gRPC on a free loopback port), SERVING -> (client, app).
-    Without serving.redis_url its cache index is on a redis-server started here, as `dlm serve` starts one."""
+    Without serving.redis_url its cache index is on a redis-server started here, as `dlm serve` starts one. http_port:
+    the Serve HTTP proxy's loopback port, where the OpenAI API is served (None: no HTTP)."""
     serving = ServingConfig(**engine.get("serving", {}))
     with index_redis(serving):
         engine = {**engine, "serving": {**engine.get("serving", {}), "redis_url": serving.redis_url}}
-        with served_app_on(engine, config_path, num_cpus) as served:
+        with served_app_on(engine, config_path, num_cpus, http_port) as served:
             yield served
 
 
 @contextlib.contextmanager
-def served_app_on(engine: dict, config_path, num_cpus: int):
+def served_app_on(engine: dict, config_path, num_cpus: int, http_port: int | None = None):
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -66,7 +67,10 @@ def served_app_on(engine: dict, config_path, num_cpus: int):
     config_path.write_text(yaml.safe_dump({"engine": engine}))
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)
     try:
-        app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=None)
+        if http_port is not None:
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        prefix = None if http_port is None else "/"
+        app = serve.run(build_app({"config": str(config_path)}), name="dlm", route_prefix=prefix)
         deadline = time.monotonic() + 180
         while client.health() != "SERVING":
             assert time.monotonic() < deadline, "the service never became SERVING"
