@@ -1,8 +1,10 @@
 """Two orchestrator replicas behind one address: a local Ray, the Serve app on tiny models with
 serving.replicas.orchestrator 2, gRPC on one shared port, the OpenAI API through the Serve proxy on a free port, the
 cache index on the suite's redis-server. New connections reach both replicas (each request's owner in the index
-names the replica decoding it), and both decode the text the in-process engine decodes."""
+names the replica decoding it), and both decode the text the in-process engine decodes. Under 32 concurrent streams
+over both, the KV the model replicas hold never exceeds their budget: one ledger in the index."""
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.e2e
 
 PROMPT, STRATEGY, PARAMS, TOKENS = "count from 1 to 9:", "streaming", {"window": 6}, 96
 STREAMS = 12  # fresh connections: all of them on one replica by chance is 2 ** -11
+BUDGET = 4 * (16 + TOKENS)  # KV tokens per model replica: 4 requests of a prompt of at most 16 tokens
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,7 @@ def service(tiny_zoo, redis_url, tmp_path_factory):
     port, http_port = free_port(), free_port()
     config = tmp_path_factory.mktemp("orchestrators") / "dlm.yaml"
     serving = {"port": port, "redis_url": redis_url, "replicas": {"orchestrator": 2}, "micro_batches": 1}
+    serving["kv_budget_tokens"] = BUDGET
     engine = {"models": tiny_zoo, "max_new_tokens": TOKENS, "chat_template": False, "serving": serving}
     config.write_text(yaml.safe_dump({"engine": engine}))
     expected = Engine(EngineConfig.from_yaml(str(config))).generate(PROMPT, STRATEGY, PARAMS, TOKENS).text
@@ -96,27 +100,51 @@ def owner(index: redis.Redis, request_id: str) -> str:
     raise AssertionError(f"{request_id} has no record")
 
 
+def stream(target: str, index: redis.Redis, request_id: str) -> tuple[str, str]:
+    """A stream on a fresh connection -> (the orchestrator that decoded it, its text)."""
+    with fresh(target) as channel:
+        request = DlmClient.request(
+            PROMPT, strategy=STRATEGY, params=PARAMS, max_new_tokens=TOKENS, request_id=request_id
+        )
+        text, by = "", None
+        for message in rpc.DlmServiceStub(channel).GenerateStream(request, timeout=120):
+            if message.WhichOneof("event") == "chunk":
+                by = by or owner(index, request.request_id)
+                text += message.chunk.text
+        return by, text
+
+
 def test_fresh_grpc_connections_reach_both_orchestrators(service):
     target, _, app, index, expected = service
-
-    def stream(i: int) -> tuple[str, str]:
-        with fresh(target) as channel:
-            request = DlmClient.request(
-                PROMPT, strategy=STRATEGY, params=PARAMS, max_new_tokens=TOKENS, request_id=f"grpc-{i}"
-            )
-            messages = rpc.DlmServiceStub(channel).GenerateStream(request, timeout=120)
-            text, by = "", None
-            for message in messages:
-                chunk = message.chunk if message.WhichOneof("event") == "chunk" else None
-                if chunk is not None:
-                    by = by or owner(index, request.request_id)
-                    text += chunk.text
-            return by, text
-
     with ThreadPoolExecutor(STREAMS) as pool:
-        results = list(pool.map(stream, range(STREAMS)))
+        results = list(pool.map(lambda i: stream(target, index, f"grpc-{i}"), range(STREAMS)))
     assert [text for _, text in results] == [expected] * STREAMS
     assert {by for by, _ in results} == replicas(app)
+
+
+def test_two_orchestrators_never_give_a_model_replica_more_kv_than_its_budget(service):
+    """Each orchestrator alone would admit 4 requests: with a ledger each, 8 would run at once."""
+    target, _, app, index, expected = service
+    held, done = [], threading.Event()
+
+    def watch() -> None:  # what each model replica's KVManager holds, through an orchestrator
+        while not done.is_set():
+            live = app.live.remote().result()
+            held.append({role: sum(live[role].values()) for role in ("drafter", "guider")})
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(lambda i: stream(target, index, f"budget-{i}"), range(32)))
+    finally:
+        done.set()
+        watcher.join()
+    assert [text for _, text in results] == [expected] * 32
+    assert {by for by, _ in results} == replicas(app)
+    peak = {role: max(h[role] for h in held) for role in ("drafter", "guider")}
+    assert max(peak.values()) <= BUDGET, peak
+    assert max(peak.values()) > BUDGET // 2, f"never near the budget, so nothing was checked: {peak}"
 
 
 def test_the_openai_api_reaches_both_orchestrators(service):
