@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from services.common import flops
-from services.common.kv import append, cache_len, truncate
+from services.common.kv import append, cache_len, head_dim, truncate
 from services.common.packed_attention import Segment
 
 
@@ -129,8 +129,6 @@ def concat(caches: list[DynamicCache], model: PreTrainedModel) -> DynamicCache:
 def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
     if cache_len(cache) == 0:
         cfg = model.config
-        heads = cfg.num_key_value_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = torch.zeros(1, heads, 0, dim, dtype=model.dtype, device=model.device)
+        empty = torch.zeros(1, cfg.num_key_value_heads, 0, head_dim(cfg), dtype=model.dtype, device=model.device)
         return empty, empty
     return cache.layers[layer].keys, cache.layers[layer].values

@@ -11,6 +11,8 @@ from functools import cache
 from torch import nn
 from transformers import PreTrainedModel
 
+from services.common.kv import head_dim
+
 _thread = threading.local()
 
 
@@ -24,8 +26,7 @@ def forward_flops(model: PreTrainedModel, tokens: int, attended: int, head_rows:
     """tokens: new tokens through the decoder; attended: query-key pairs attention computes, summed over requests
     (each request's q_i new tokens against its L_i + q_i keys); head_rows: rows the vocabulary head runs on."""
     cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * attended  # QK^T and AV
+    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim(cfg) * attended  # QK^T and AV
     head = 2 * sum(p.numel() for p in model.get_output_embeddings().parameters()) * head_rows
     return 2 * linear_params(model) * tokens + attention + head
 

@@ -141,7 +141,7 @@ class Frontend:
     async def open(self, spec: Spec) -> Job:
         """Queue a request on the least busy engine; ValueError names a bad field, ResourceExhausted says the queue
         is full, Unavailable that the cache index is down."""
-        engine = min(self.engines, key=lambda e: len(e.requests))
+        engine = self.least_busy()
         req = engine.request(spec.prompt, spec.max_new_tokens, spec.sampling, spec.request_id or uuid4().hex)
         if req.id in self.jobs:
             raise AlreadyExists(f"request_id {req.id!r} is already decoding")
@@ -167,12 +167,15 @@ class Frontend:
         adopted = await self.records.adopt(request_id)
         if request_id in self.jobs:  # adopted here (by a sweep, or a stream) while the index answered
             return self.jobs[request_id]
-        req, engine = adopted.req, min(self.engines, key=lambda e: len(e.requests))
+        req, engine = adopted.req, self.least_busy()
         engine.add(req, adopted.strategy, adopted.params, deadline)
         job = self.jobs[req.id] = Job(self, engine, req)
         job.queue.put_nowait(so_far(req))
         self.wake(engine)
         return job
+
+    def least_busy(self) -> Engine:
+        return min(self.engines, key=lambda e: len(e.requests))
 
     def attach(self, request_id: str) -> Job | None:
         """The request's job for a stream that resumes it, when it is live here or ended unread; None otherwise."""

@@ -55,9 +55,10 @@ class RoundTiming:
             "dlm.queue_s": self.queue_s,
             "dlm.overlap_s": self.overlap_s,
         }
+        idle = self.idle_s()
         for host, s in self.compute_s.items():
             out[f"dlm.compute_s.{host}"] = s
-            out[f"dlm.idle_s.{host}"] = self.round_s - s
+            out[f"dlm.idle_s.{host}"] = idle[host]
             out[f"dlm.flops.{host}"] = self.flops.get(host, 0)
         return out
 
