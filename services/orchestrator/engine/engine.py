@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-import torch
-
 from services.common.config import EngineConfig
 from services.common.contract import Executor
 from services.common.request import Request
@@ -70,8 +68,6 @@ class Engine:
         admission: Admission | None = None,
         telemetry: Telemetry | None = None,
     ):
-        if config.threads:
-            torch.set_num_threads(config.threads)
         self.config = config
         self.executor = executor or LocalExecutor(config)
         serving = config.serving
