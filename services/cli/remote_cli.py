@@ -163,10 +163,6 @@ def serve_local(
     if not verbose:
         quiet_loading()
     config = EngineConfig.from_yaml(config_path, device=device, dtype=dtype, serving=flags)
-    if config.threads is None:
-        # one torch thread unless the config says otherwise: idle OpenMP threads spin, and with the server's own
-        # threads and its clients on the same cores that costs ten times the forward
-        config.threads = 1
     executor = LocalExecutor(config)
     with index_redis(config.serving):
         admission = local_admission(executor.placement, config.serving, f"local-{uuid.uuid4().hex[:8]}")

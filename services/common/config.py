@@ -142,7 +142,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     chat_template: bool = True  # wrap prompts with the tokenizer's chat template when it has one
-    threads: int | None = None  # torch intra-op threads; None: torch's default (one per core)
+    threads: int | None = None  # torch intra-op threads of in-process forwards; None: torch's default (one per core)
     strategy: str = "pipeline"
     strategies: dict[str, dict] = field(default_factory=dict)  # per-strategy parameter overrides
     max_new_tokens: int = 128
