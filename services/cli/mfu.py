@@ -5,10 +5,12 @@ batched call times its hidden size, by its MLP's intermediate size ([T, H] x [H,
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from services.cli.breakdown import work_of
 from services.cli.load import LoadRow
 from services.common.config import EngineConfig
+from services.orchestrator.engine.local_executor import DEFAULT_THREADS, intra_op_threads
 from services.orchestrator.engine.round_timing import RoundTiming
 
 
@@ -29,9 +31,9 @@ def matmul_flops_per_s(
     least: int = 20,
 ) -> float:
     """Best of repeated [tokens, hidden] x [hidden, intermediate] matmuls on the models' device and dtype, at least
-    `least` runs of ten and for about `seconds`, on torch's threads as this process set them: best of, since the
-    threads of the forwards just run may still spin for a while (OpenMP's block time), and a shared machine's other
-    work comes and goes."""
+    `least` runs of ten and for about `seconds`, on the calling thread's torch threads: best of, since the threads of
+    the forwards just run may still spin for a while (OpenMP's block time), and a shared machine's other work comes
+    and goes."""
     import torch
 
     a = torch.randn(tokens, hidden, device=device, dtype=getattr(torch, dtype))
@@ -60,7 +62,27 @@ def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig) -> Non
     hidden, intermediate = model_shape(config, host)
     tokens = done.tokens_per_call(host)
     row.model_gflops_per_s = sum(done.flops.values()) / row.wall_s / 1e9
-    reference = matmul_flops_per_s(tokens, hidden, intermediate, config.device, config.dtype)
+    reference = on_threads(
+        config.threads or DEFAULT_THREADS, matmul_flops_per_s, tokens, hidden, intermediate, config.device, config.dtype
+    )
     row.matmul_gflops_per_s = reference / 1e9
     row.mfu = row.model_gflops_per_s / row.matmul_gflops_per_s
     row.matmul_shape = f"[{tokens}, {hidden}] x [{hidden}, {intermediate}]"
+
+
+def on_threads(threads: int, fn, *args):
+    """fn(*args) on a thread of its own with `threads` torch threads, as the in-process forwards have: the caller's
+    thread may have one (engine/local_executor.py)."""
+    import torch
+
+    before = torch.get_num_threads()
+
+    def run():
+        intra_op_threads(threads)
+        try:
+            return fn(*args)
+        finally:
+            torch.set_num_threads(before)  # the default of threads that start later, as it was
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()

@@ -4,11 +4,15 @@ of every round add up to the round, and the rounds to the level's wall time."""
 import json
 
 import pytest
+import torch
 
 from services.cli.breakdown import summary
 from services.cli.cli import main
 from services.cli.load import engine_level
+from services.cli.mfu import on_threads
+from services.common.config import EngineConfig
 from services.common.contract import Compute, Reply
+from services.orchestrator.engine.local_executor import LocalExecutor
 from services.orchestrator.engine.round_timing import StepClock
 from tests.cli.test_cli import write_config
 
@@ -73,3 +77,12 @@ def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):
     for row in rows:
         assert 0 < row["model_gflops_per_s"] and 0 < row["mfu"] < 1 and row["matmul_shape"].endswith("x [64, 128]")
         assert {"round", "orchestrator", "hops", "compute drafter", "idle guider", "overlap"} <= set(row["breakdown"])
+
+
+def test_the_matmul_reference_runs_on_the_forwards_threads(tiny_zoo):
+    """In process the engine's own thread keeps one torch thread (local_executor.py); MFU's reference matmul runs with
+    the forwards' threads all the same, and leaves the caller's as they were."""
+    LocalExecutor(EngineConfig(models=tiny_zoo, threads=2))
+    assert torch.get_num_threads() == 1
+    assert on_threads(2, torch.get_num_threads) == 2
+    assert torch.get_num_threads() == 1
