@@ -12,6 +12,7 @@ from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import CacheIndex, IndexUnavailable, request_keys
 from services.serving.redis_index import RedisCacheIndex
+from tests.orchestrator.cluster.test_takeover import halt
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ async def test_an_adopted_request_goes_back_to_the_replicas_that_hold_its_kv(sta
     await mirrored(first)
     admission = first.scheduler.admission
     for task in (admission.writer.task, admission.reserver.task):  # it dies: its lease lapses, its records stay
-        task.cancel()
+        await halt(task)
     await index.place("other", [["d0"], ["g0"]], 20, None)  # d1 and g1 are the freest now
     await index.place("third", [["d1"], ["g1"]], 10, None)  # d2, where there is one, is freer than d1
     await asyncio.sleep(0.2)
