@@ -158,7 +158,7 @@ class IndexAdmission(LedgerAdmission):
 
     def restore(self, changed: set[str]) -> list[tuple[str, Write]]:
         """Writes that bring an index that lost anything back to this copy."""
-        ended = [(rid, release(rid)) for rid in changed if rid not in self.records]
+        ended = [(rid, self.released(rid)) for rid in changed if rid not in self.records]
         return ended + [(rid, whole(record)) for rid, record in self.records.items()]
 
 
@@ -184,10 +184,6 @@ def whole(record: Record) -> Write:
         await index.place(entry.request_id, [[replica] for replica in replicas], tokens, None)
 
     return write
-
-
-def release(request_id: str) -> Write:
-    return lambda index: index.release(request_id)
 
 
 def local_admission(placement: Placement, serving, owner: str) -> IndexAdmission:
