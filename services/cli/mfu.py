@@ -2,13 +2,12 @@
 matmul reaches on this machine, measured in the same run on the busiest model's own shapes: its decoder tokens per
 batched call times its hidden size, by its MLP's intermediate size ([T, H] x [H, I])."""
 
-import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from services.cli.breakdown import work_of
 from services.cli.load import LoadRow
+from services.common.checkpoints import read_config
 from services.common.config import EngineConfig
 from services.orchestrator.engine.local_executor import DEFAULT_THREADS, intra_op_threads
 from services.orchestrator.engine.round_timing import RoundTiming
@@ -16,8 +15,7 @@ from services.orchestrator.engine.round_timing import RoundTiming
 
 def model_shape(config: EngineConfig, host: str) -> tuple[int, int]:
     """(hidden, intermediate) of the model a host ran (drafter_ar runs the drafter), from its config.json."""
-    with open(os.path.join(config.path("drafter" if host == "drafter_ar" else host), "config.json")) as f:
-        cfg = json.load(f)
+    cfg = read_config(config.path("drafter" if host == "drafter_ar" else host))
     return cfg["hidden_size"], cfg["intermediate_size"]
 
 
