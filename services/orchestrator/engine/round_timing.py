@@ -94,9 +94,9 @@ class StepClock:
     def __init__(self):
         self.start = time.time()
         self.phases: list[tuple[float, float]] = []
-        # each call once, with its compute and its wait for the host's thread, clipped to its phase
+        # each call once, with its compute and its wait for the host's thread, clipped to its phase; the phases
+        # run one after another, so no two phases' intervals overlap
         self.computes: list[tuple[Compute, tuple[float, float], tuple[float, float]]] = []
-        self.phase_of: list[int] = []  # per entry of computes, its phase
 
     def phase(self, sent: float, back: float, results: Results) -> None:
         self.phases.append((sent, back))
@@ -110,7 +110,6 @@ class StepClock:
                     seen.add(id(c))
                     start, end = (min(max(t, sent), back) for t in (c.start, c.end))
                     self.computes.append((c, (start, end), (sent, min(max(c.free_since, sent), start))))
-                    self.phase_of.append(len(self.phases) - 1)
 
     def finish(self, requests: int, end: float | None = None) -> RoundTiming:
         """requests: the rounds the step ran; end: when it ended (default now)."""
@@ -118,11 +117,9 @@ class StepClock:
         phases = sum(back - sent for sent, back in self.phases)
         hosts = sorted({c.host for c, _, _ in self.computes})
         per_host = {h: union(span for c, span, _ in self.computes if c.host == h) for h in hosts}
-        busy, covered = 0.0, 0.0
-        for i in range(len(self.phases)):
-            calls_in = [(span, wait) for (_, span, wait), p in zip(self.computes, self.phase_of, strict=True) if p == i]
-            busy += length(union(span for span, _ in calls_in))
-            covered += length(union([span for span, _ in calls_in] + [wait for _, wait in calls_in]))
+        spans = [span for _, span, _ in self.computes]
+        busy = length(union(spans))
+        covered = length(union(spans + [wait for _, _, wait in self.computes]))
         flops, tokens, calls = Counter(), Counter(), Counter()
         for c, _, _ in self.computes:
             flops[c.host] += c.flops
