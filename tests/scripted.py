@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from services.common.config import EngineConfig
 from services.common.contract import FILTER_MODELS
 from services.common.models import LoadedModel, ModelMeta
-from services.common.packed_attention import Segment
+from services.common.packed_attention import Segment, extend
 from services.filter.host import FilterHost
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
@@ -114,12 +114,17 @@ class ScriptedLM(nn.Module):
         self.inputs.append(ids.shape[-1])
         self.calls.append((ids, segments))
         assert len(self.inputs) <= MAX_FORWARDS, "the decode does not end"
-        self.positions.append((position_ids.flatten().tolist(), cached_positions(past_key_values)))
-        if past_key_values is not None:
-            cached = past_key_values.layers[0].keys[0, 0, :, 0] if past_key_values.get_seq_length() else torch.empty(0)
-            self.pasts.append(cached.long().tolist())
-            keys = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]: the dummy K are the token ids
-            values = position_ids.to(self.dtype)[:, None, :, None]  # and the dummy V their position ids
+        caches = [seg.cache for seg in segments] if segments is not None else [past_key_values]
+        self.positions.append((position_ids.flatten().tolist(), [p for c in caches for p in cached_positions(c)]))
+        keys = ids.to(self.dtype)[:, None, :, None]  # [B, heads, Q, head_dim]: the dummy K are the token ids
+        values = position_ids.to(self.dtype)[:, None, :, None]  # and the dummy V their position ids
+        if segments is not None:  # a packed forward: what packed_sdpa does in each attention layer
+            self.pasts.append([t for c in caches for t in cached_tokens(c)])
+            for layer in range(self.config.num_hidden_layers):
+                for seg in segments:
+                    extend(seg, layer, keys[:, :, seg.new], values[:, :, seg.new])
+        elif past_key_values is not None:
+            self.pasts.append(cached_tokens(past_key_values))
             for layer in range(self.config.num_hidden_layers):
                 past_key_values.update(keys, values, layer)
         target = position_ids - self.prompt_len  # [B, Q] generation position of each input
@@ -141,6 +146,11 @@ def table_of(script: Mapping[int, torch.Tensor]) -> torch.Tensor:
     for position, logprobs in script.items():
         table[position] = logprobs
     return table
+
+
+def cached_tokens(cache) -> list[int]:
+    """The token ids a ScriptedLM wrote into a cache, in physical order."""
+    return cache.layers[0].keys.flatten().long().tolist() if cache.get_seq_length() else []
 
 
 def cached_positions(cache) -> list[int]:

@@ -1,11 +1,11 @@
 """One forward over many requests, each with its own KV cache: a step's batched model call.
 
 Per request i: past cache of L_i tokens, new tokens q_i, the first keep_i of which join its cache afterwards.
-Packed layout, without padding: one row holding every request's new tokens one after another (Q = sum q_i), after
-every request's past one after another (L = sum L_i). The linear layers, most of the work, then run on sum q_i
-tokens, not B * max q_i; attention runs per request (packed_attention.py), each request's tokens seeing only its
-own past and its own new tokens. New tokens see each other causally, or both ways where the model is bidirectional
-(config.is_causal False, as on B = 1); groups, where given, isolate spans from each other.
+Packed layout, without padding: one row holding every request's new tokens one after another (Q = sum q_i). The
+linear layers, most of the work, then run on sum q_i tokens, not B * max q_i; attention runs per request
+(packed_attention.py), each request's tokens seeing only its own cache and its own new tokens, and writes each cache.
+New tokens see each other causally, or both ways where the model is bidirectional (config.is_causal False, as on
+B = 1); groups, where given, isolate spans from each other.
 """
 
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from services.common import flops
-from services.common.kv import append, cache_len, head_dim, truncate
+from services.common.kv import append, cache_len, truncate
 from services.common.packed_attention import Segment
 
 
@@ -31,8 +31,8 @@ class Item:
 
 
 def segments(items: list[Item], causal: bool = True, device: torch.device | str = "cpu") -> list[Segment]:
-    """Where each item's keys and queries sit in the packed row, and what its new tokens see: [q_i, L_i + q_i]."""
-    out, row, col = [], 0, 0
+    """Where each item's new tokens sit in the packed row, and what they see: [q_i, L_i + q_i]."""
+    out, row = [], 0
     for item in items:
         past, n = cache_len(item.cache), len(item.input_ids)
         new = torch.ones(n, n, dtype=torch.bool)
@@ -42,8 +42,8 @@ def segments(items: list[Item], causal: bool = True, device: torch.device | str 
             g = item.groups
             new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
         mask = torch.cat([torch.ones(n, past, dtype=torch.bool), new], dim=1)
-        out.append(Segment(slice(col, col + past), slice(row, row + n), mask.to(device)))
-        row, col = row + n, col + past
+        out.append(Segment(item.cache, slice(row, row + n), mask.to(device), item.keep, item.rest))
+        row += n
     return out
 
 
@@ -61,22 +61,15 @@ def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
     for item, seg in zip(items, segs, strict=True):
         if item.embeds is not None:
             embeds[0, seg.new] = item.embeds
-    packed = concat([item.cache for item in items], model)
-    past, q = cache_len(packed), ids.shape[1]
+    q = ids.shape[1]
     out = model.base_model(
         inputs_embeds=embeds,
         position_ids=pos,
-        # The masks are the segments'; this all-True [1, 1, Q, L + Q] view only tells transformers a mask is prepared.
-        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(1, 1, q, past + q),
-        past_key_values=packed,
-        use_cache=True,
+        # The masks are the segments'; this all-True [1, 1, Q, Q] view only tells transformers a mask is prepared.
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(1, 1, q, q),
+        use_cache=False,  # packed_sdpa writes each item's own cache
         segments=segs,
     )
-    for item, seg in zip(items, segs, strict=True):
-        start, end = past + seg.new.start, past + seg.new.stop
-        append(item.cache, packed, slice(start, start + item.keep))
-        if item.rest is not None:
-            append(item.rest, packed, slice(start + item.keep, end))
     hidden = [out.last_hidden_state[0, seg.new] for seg in segs]
     return head(model, hidden, items)
 
@@ -115,20 +108,3 @@ def head(model: PreTrainedModel, hidden: list[torch.Tensor], items: list[Item]) 
     wanted = [h if item.wanted is None else h[item.wanted] for h, item in zip(hidden, items, strict=True)]
     logits = model.get_output_embeddings()(torch.cat(wanted)).float()
     return list(logits.split([len(w) for w in wanted]))
-
-
-def concat(caches: list[DynamicCache], model: PreTrainedModel) -> DynamicCache:
-    """A packed cache: every request's KV one after another along the sequence."""
-    packed = DynamicCache()
-    for layer in range(model.config.num_hidden_layers):
-        keys, values = zip(*(layer_kv(cache, layer, model) for cache in caches), strict=True)
-        packed.update(torch.cat(keys, dim=-2), torch.cat(values, dim=-2), layer)
-    return packed
-
-
-def layer_kv(cache: DynamicCache, layer: int, model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    if cache_len(cache) == 0:
-        cfg = model.config
-        empty = torch.zeros(1, cfg.num_key_value_heads, 0, head_dim(cfg), dtype=model.dtype, device=model.device)
-        return empty, empty
-    return cache.layers[layer].keys, cache.layers[layer].values

@@ -19,17 +19,31 @@ def truncate(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
+def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A layer's keys and values [1, H_kv, L, D], or None before its first entry."""
+    if len(cache.layers) > layer and cache.layers[layer].is_initialized:
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return None
+
+
+def set_layer(cache: DynamicCache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make a layer's entries these; layers are first written in order, as a forward writes them."""
+    if layer_kv(cache, layer) is None:
+        cache.update(keys, values, layer)
+    else:
+        cache.layers[layer].keys, cache.layers[layer].values = keys, values
+
+
 def append(cache: DynamicCache, source: DynamicCache, index: slice | torch.Tensor) -> None:
     """Append source's physical entries `index` (a slice, or entry indices in the order wanted) to cache."""
     for layer in range(len(source.layers)):
         keys, values = source.layers[layer].keys, source.layers[layer].values
         at = index.to(keys.device) if isinstance(index, torch.Tensor) else index
         k, v = keys[:, :, at], values[:, :, at]
-        if len(cache.layers) > layer and cache.layers[layer].is_initialized:
-            cache.layers[layer].keys = torch.cat([cache.layers[layer].keys, k], dim=-2)
-            cache.layers[layer].values = torch.cat([cache.layers[layer].values, v], dim=-2)
-        else:
-            cache.update(k, v, layer)
+        past = layer_kv(cache, layer)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
+        set_layer(cache, layer, k, v)
 
 
 def drop_range(cache: DynamicCache, start: int, end: int) -> None:

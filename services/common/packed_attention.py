@@ -1,27 +1,46 @@
-"""Attention for packed forwards: each request's queries against its own keys only.
+"""Attention for packed forwards: each request's queries against its own cache and new keys only.
 
-A packed forward (batch.py) puts every request's past, then every request's new tokens, in one row. One SDPA over
-all Q queries and L + Q keys with a block-diagonal mask computes B^2 blocks to keep B of them; at 16 requests the
-attention cost 16x what it needs. Here each request gets its own SDPA over its past and its new tokens. Forwards
-without segments (one request, training) run transformers' SDPA unchanged.
+A packed forward (batch.py) puts every request's new tokens one after another in one row and runs the model without
+a cache. Here, in each attention layer, each request's new keys and values follow its own cached ones, its queries
+attend to those through its own mask, and its cache takes the new tokens it keeps: the attention layer writes the
+cache, as a paged-attention backend does. One SDPA over the whole row with a block-diagonal mask would compute B^2
+blocks to keep B of them; packing every request's cache into one row and back cost a copy of each per layer.
+Forwards without segments (one request, training) run transformers' SDPA unchanged.
 """
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from services.common.kv import layer_kv, set_layer
 
 PACKED_SDPA = "packed_sdpa"
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    past: slice  # its keys in the packed past
-    new: slice  # its queries, and their keys after the packed past
+    cache: DynamicCache  # the request's past; takes the KV of its first `keep` new tokens
+    new: slice  # its queries, keys and values in the packed row
     mask: torch.Tensor  # [q_i, L_i + q_i] bool, True = attend
+    keep: int
+    rest: DynamicCache | None = None  # where given, takes the KV of its new tokens past keep
+
+
+def extend(seg: Segment, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """key, value [1, H_kv, q_i, D], the segment's new tokens' -> [1, H_kv, L_i + q_i, D] after its cached ones.
+    The caches keep views of the result: the next forward's concatenation copies them anyway."""
+    past = layer_kv(seg.cache, layer)
+    if past is not None:
+        key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
+    end = key.shape[2] - (seg.new.stop - seg.new.start) + seg.keep
+    set_layer(seg.cache, layer, key[:, :, :end], value[:, :, :end])
+    if seg.rest is not None:
+        set_layer(seg.rest, layer, key[:, :, end:], value[:, :, end:])
+    return key, value
 
 
 def packed_sdpa(
@@ -34,18 +53,18 @@ def packed_sdpa(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """query [1, H, Q, D]; key, value [1, H_kv, L + Q, D] -> [1, Q, H, D], as transformers' attention returns."""
+    """query [1, H, Q, D]; key, value [1, H_kv, Q, D], the new tokens' -> [1, Q, H, D], as transformers' attention
+    returns."""
     if segments is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    groups = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    past = key.shape[2] - query.shape[2]
     outputs = []
     for seg in segments:
-        new = slice(past + seg.new.start, past + seg.new.stop)
-        k = torch.cat([key[:, :, seg.past], key[:, :, new]], dim=2)
-        v = torch.cat([value[:, :, seg.past], value[:, :, new]], dim=2)
-        outputs.append(F.scaled_dot_product_attention(query[:, :, seg.new], k, v, attn_mask=seg.mask, scale=scaling))
+        k, v = extend(seg, module.layer_idx, key[:, :, seg.new], value[:, :, seg.new])
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, seg.new], k, v, attn_mask=seg.mask, scale=scaling, enable_gqa=True
+            )
+        )
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 

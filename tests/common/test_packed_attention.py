@@ -1,8 +1,10 @@
-"""Per-request attention over a packed row equals one SDPA over the row with the block-diagonal mask."""
+"""Per-request attention over a packed row equals one SDPA over every request's past and new keys with the
+block-diagonal mask, and each request's cache takes the KV of the new tokens it keeps, its rest the others'."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import DynamicCache
 
 from services.common.packed_attention import Segment, packed_sdpa
 
@@ -10,33 +12,47 @@ HEADS, KV_HEADS, DIM = 4, 2, 8
 
 
 def reference(query, key, value, pasts, sizes, masks) -> torch.Tensor:
-    """The packed row's attention as one SDPA: request i's queries see its past and its new keys through its mask,
-    nothing of any other request -> [1, Q, H, D]."""
-    past_total, q = sum(pasts), sum(sizes)
+    """The packed row's attention as one SDPA over [every past, every new key]: request i's queries see its past and
+    its new keys through its mask, nothing of any other request -> [1, Q, H, D]."""
+    past_total, q = sum(p.shape[2] for p in pasts[0]), sum(sizes)
     full = torch.zeros(q, past_total + q, dtype=torch.bool)
     row, col = 0, 0
-    for past, n, mask in zip(pasts, sizes, masks, strict=True):
-        full[row : row + n, col : col + past] = mask[:, :past]
-        full[row : row + n, past_total + row : past_total + row + n] = mask[:, past:]
-        row, col = row + n, col + past
+    for past, n, mask in zip(pasts[0], sizes, masks, strict=True):
+        length = past.shape[2]
+        full[row : row + n, col : col + length] = mask[:, :length]
+        full[row : row + n, past_total + row : past_total + row + n] = mask[:, length:]
+        row, col = row + n, col + length
     groups = HEADS // KV_HEADS
-    k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    k = torch.cat([*pasts[0], key], dim=2).repeat_interleave(groups, dim=1)
+    v = torch.cat([*pasts[1], value], dim=2).repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(query, k, v, attn_mask=full).transpose(1, 2)
 
 
-def test_each_request_attends_to_its_own_past_and_new_tokens_only():
+def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_first_keep():
     torch.manual_seed(0)
-    pasts, sizes = [5, 0, 9], [3, 4, 2]  # a request without a past among them
+    lengths, sizes, keeps = [5, 0, 9], [3, 4, 2], [1, 4, 0]  # a request without a past among them
+    past_keys = [torch.randn(1, KV_HEADS, n, DIM) for n in lengths]
+    past_values = [torch.randn(1, KV_HEADS, n, DIM) for n in lengths]
     masks = [  # its past, and its new tokens at random, each seeing at least itself
         torch.cat([torch.ones(n, p, dtype=torch.bool), (torch.rand(n, n) > 0.4) | torch.eye(n, dtype=torch.bool)], 1)
-        for p, n in zip(pasts, sizes, strict=True)
+        for p, n in zip(lengths, sizes, strict=True)
     ]
-    segments, row, col = [], 0, 0
-    for past, n, mask in zip(pasts, sizes, masks, strict=True):
-        segments.append(Segment(slice(col, col + past), slice(row, row + n), mask))
-        row, col = row + n, col + past
-    q, keys = sum(sizes), sum(pasts) + sum(sizes)
-    query = torch.randn(1, HEADS, q, DIM)
-    key, value = torch.randn(1, KV_HEADS, keys, DIM), torch.randn(1, KV_HEADS, keys, DIM)
-    out, _ = packed_sdpa(nn.Module(), query, key, value, None, segments=segments)
-    torch.testing.assert_close(out, reference(query, key, value, pasts, sizes, masks), atol=1e-6, rtol=0)
+    segments, row = [], 0
+    for k, v, n, mask, keep in zip(past_keys, past_values, sizes, masks, keeps, strict=True):
+        cache = DynamicCache()
+        if k.shape[2]:
+            cache.update(k, v, 0)
+        segments.append(Segment(cache, slice(row, row + n), mask, keep, DynamicCache()))
+        row += n
+    query = torch.randn(1, HEADS, row, DIM)
+    key, value = torch.randn(1, KV_HEADS, row, DIM), torch.randn(1, KV_HEADS, row, DIM)
+    layer = nn.Module()
+    layer.layer_idx = 0
+    out, _ = packed_sdpa(layer, query, key, value, None, segments=segments)
+    torch.testing.assert_close(
+        out, reference(query, key, value, (past_keys, past_values), sizes, masks), atol=1e-6, rtol=0
+    )
+    for seg, past, keep in zip(segments, past_keys, keeps, strict=True):
+        new = key[:, :, seg.new]
+        assert torch.equal(seg.cache.layers[0].keys, torch.cat([past, new[:, :, :keep]], dim=2))
+        assert torch.equal(seg.rest.layers[0].keys, new[:, :, keep:])
