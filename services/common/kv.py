@@ -27,7 +27,7 @@ def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def set_layer(cache: DynamicCache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Make a layer's entries these; layers are first written in order, as a forward writes them."""
+    """Make a layer's entries these (DynamicCache.update creates the layer on its first write)."""
     if layer_kv(cache, layer) is None:
         cache.update(keys, values, layer)
     else:

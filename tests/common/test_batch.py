@@ -10,7 +10,7 @@ from services.common.models import load_model
 from services.common.proposal import Region
 from services.common.request import Request
 from services.dlm_drafter.causal import CausalDrafter
-from tests.scripted import ScriptedLM
+from tests.scripted import ScriptedLM, cached_tokens
 
 
 def requests(loaded, tag: str) -> list[Request]:
@@ -56,14 +56,9 @@ def test_guider_batch_equals_single_forwards(tiny_zoo):
         assert torch.equal(a.target, b.target) and torch.equal(a.topk, b.topk)
 
 
-def cached(cache: DynamicCache) -> list[int]:
-    """The tokens a ScriptedLM's dummy keys stand for, in physical order."""
-    return cache.layers[0].keys[0, 0, :, 0].long().tolist() if cache.get_seq_length() else []
-
-
 def test_a_packed_forward_keeps_each_items_first_keep_tokens_and_hands_it_the_rest():
-    """Per item, behind every other item's past and new tokens: the KV of its first `keep` new tokens joins its cache,
-    and that of the new tokens past `keep` goes to `rest` (the staged KV of slot reuse, 000 §4.2)."""
+    """Per item, among every other item's new tokens: the KV of its first `keep` new tokens joins its cache, and that
+    of the new tokens past `keep` goes to `rest` (the staged KV of slot reuse, 000 §4.2)."""
     past = DynamicCache()
     past.update(torch.tensor([3.0, 4.0])[None, None, :, None], torch.tensor([0.0, 1.0])[None, None, :, None], 0)
     items = [
@@ -71,5 +66,5 @@ def test_a_packed_forward_keeps_each_items_first_keep_tokens_and_hands_it_the_re
         Item(past, [9, 10, 11], [2, 3, 4], keep=2, rest=DynamicCache()),
     ]
     forward(ScriptedLM({}, prompt_len=0), items)
-    assert [cached(item.cache) for item in items] == [[5], [3, 4, 9, 10]]
-    assert [cached(item.rest) for item in items] == [[6, 7, 8], [11]]
+    assert [cached_tokens(item.cache) for item in items] == [[5], [3, 4, 9, 10]]
+    assert [cached_tokens(item.rest) for item in items] == [[6, 7, 8], [11]]
