@@ -1,18 +1,16 @@
-"""What every model deployment adds to its host on a replica: `direct`, the one entry point of the orchestrator's
-batched calls (services/common/contract.py), which records a stage span per call (a child of the call's round, tagged
-with this replica) and reports the replica's KV usage to Ray's metrics after each call.
+"""What every model deployment adds to its host on a replica: the channel (services/serving/channel.py) that takes
+the orchestrator's batched calls (services/common/contract.py), each of which records a stage span (a child of the
+call's round, tagged with this replica) and reports the replica's KV usage to Ray's metrics.
 
-The orchestrator sends a call straight to the replica's own actor, as a closure run on it (`actor.__ray_call__`,
-services/serving/direct.py), rather than through Serve's handle: 1.5 ms a no-op round trip against 4.0
-(scripts/transport_rtt.py). Serve still places, scales, restarts and health-checks the replica; `actor` hands the
-orchestrator the replica's actor through a Serve call."""
+Serve places, scales, restarts and health-checks the replica; `endpoint` hands an orchestrator the replica's channel
+through a Serve call (services/serving/direct.py)."""
 
 import asyncio
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
 from ray import serve
-from ray.actor import ActorHandle
 from ray.serve.metrics import Gauge
 
 import services.serving.pickling  # noqa: F401  the contract's classes cross the hop compactly
@@ -20,8 +18,9 @@ from services.common.compute import timed_call
 from services.common.contract import Args, Reply
 from services.common.kv_manager import KVManager
 from services.common.tracing import stage_spans
+from services.serving.channel import ChannelServer
 
-HOST: "ReplicaHost | None" = None  # this replica process's host, where `direct` finds it
+Endpoint = tuple[str, tuple[str, int], bytes]  # the replica's unique id, its channel's address and token
 
 
 class ReplicaHost:
@@ -37,14 +36,25 @@ class ReplicaHost:
         # could touch the host's caches at once and the drafter's propose ran 5-17% slower (its compute in
         # `dlm bench --breakdown`).
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-host")
-        global HOST
-        HOST = self
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), self.answer, self.worker)
         self.report_kv()
 
-    def actor(self, replica: str | None = None) -> tuple[str, ActorHandle]:
-        """This replica's unique id and its own actor; replica: the one the orchestrator asked for
-        (services/serving/replica_router.py), which may be gone."""
-        return self.replica, ray.get_runtime_context().current_actor
+    def endpoint(self, replica: str | None = None) -> Endpoint:
+        """This replica's channel; replica: the one the orchestrator asked for (services/serving/replica_router.py),
+        which may be gone."""
+        return self.replica, self.channel.address, self.channel.token
+
+    def answer(self, payload: bytes) -> bytes:
+        """A channel frame, on the host's thread: ("call", method, args, parents) -> ("ok", replies) or
+        ("error", exception); ("release", request_ids) -> nothing."""
+        kind, *rest = pickle.loads(payload)
+        if kind == "release":
+            self.free(*rest)
+            return b""
+        try:
+            return pickle.dumps(("ok", self.call(*rest)))
+        except Exception as e:  # fails the requests of this call only, as in process
+            return pickle.dumps(("error", e))
 
     def call(self, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
         try:
@@ -54,7 +64,7 @@ class ReplicaHost:
             self.report_kv()
 
     async def release(self, request_ids: list[str], replica: str | None = None) -> None:
-        """Through Serve, where the orchestrator holds no actor of the replica (direct.py)."""
+        """Through Serve, where the orchestrator holds no channel to the replica (direct.py)."""
         await asyncio.get_running_loop().run_in_executor(self.worker, self.free, request_ids)
 
     def free(self, request_ids: list[str]) -> None:
@@ -64,13 +74,3 @@ class ReplicaHost:
     def report_kv(self) -> None:
         if self.kv is not None:
             self.kv_usage.set(sum(self.kv.held().values()) / self.kv_budget)
-
-
-def direct(replica_actor: object, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
-    """One batched host call, run on the replica's actor; parents: each call's round traceparent, or None untraced.
-    It waits on the host's thread, holding the actor's event loop as a forward would (Serve's own calls wait)."""
-    return HOST.worker.submit(HOST.call, method, args, parents).result()
-
-
-def direct_release(replica_actor: object, request_ids: list[str]) -> None:
-    HOST.worker.submit(HOST.free, request_ids)

@@ -7,6 +7,7 @@ they share (SO_REUSEPORT: the kernel spreads new connections over them), the Ser
 them, and they share the model replicas, whose KV budget each reserves in the cache index (admission.py)."""
 
 import asyncio
+import os
 import time
 from dataclasses import asdict
 
@@ -117,7 +118,7 @@ class Orchestrator:
 # so each replica may use every core while the others wait (a spinning one would hold a core). Two malloc arenas: with
 # glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger packed batches; with 2 it
 # stayed within 1% (tests/soak/soak.py).
-REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}
+REPLICA_ENV = {"GOMP_SPINCOUNT": os.environ.get("XSPIN", "30000"), "MALLOC_ARENA_MAX": "2"}
 
 
 def build_app(args: dict | None = None):

@@ -23,11 +23,13 @@ from services.common.models import ModelMeta, load_meta
 from services.common.placement import Placement
 from services.orchestrator.engine.local_executor import first_model
 from services.orchestrator.engine.scheduler import Unavailable
+from services.serving.channel import ChannelClosed
 from services.serving.live_replicas import live_replicas
 
 log = logging.getLogger(__name__)
 
-LOST = (RayActorError, ActorUnavailableError, TimeoutError)  # the replica, not the call, failed: move and retry
+# the replica, not the call, failed: move its requests and call again
+LOST = (RayActorError, ActorUnavailableError, ChannelClosed, TimeoutError)
 RETRY_S = 0.2  # between looks for a live replica while Serve restarts one
 
 

@@ -1,0 +1,146 @@
+"""The per-round calls' own channel between an orchestrator and a model replica: one TCP connection per orchestrator
+process and replica, carrying length-prefixed frames, with every call in flight on it at once (the micro-batches'
+engines share it). Serve still places, scales, restarts and health-checks the replica and hands out its address
+(services/serving/direct.py); only the rounds' bytes take this path, as vLLM's engine core takes its requests over
+a socket of its own. A no-op round trip costs a tenth of a Ray actor call's (scripts/transport_rtt.py).
+
+A frame is a header (payload length, call id) and the payload. A connection's first frame carries the replica's
+token, which only Serve hands out: a frame's payload is a pickle, which nothing else may send. A replica that dies
+closes its connections, and every call in flight on them raises ChannelClosed, a ConnectionError: the remote
+executor moves those requests as it does for a dead actor.
+"""
+
+import asyncio
+import itertools
+import secrets
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+HEADER = struct.Struct("!IQ")  # payload length, call id
+NO_REPLY = 0  # the call id of a frame that wants no reply (releases)
+
+
+class ChannelClosed(ConnectionError):
+    """The replica's end closed: it died, or the connection broke."""
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    try:
+        size, call_id = HEADER.unpack(await reader.readexactly(HEADER.size))
+        return call_id, await reader.readexactly(size)
+    except (asyncio.IncompleteReadError, OSError) as e:
+        raise ChannelClosed(repr(e)) from e
+
+
+def frame(call_id: int, payload: bytes) -> bytes:
+    return HEADER.pack(len(payload), call_id) + payload
+
+
+class ChannelServer:
+    """A replica's end: a thread with an event loop of its own accepts connections and hands each frame's payload to
+    `handle` on the host's one thread (`executor`), which returns the reply's payload."""
+
+    def __init__(self, ip: str, handle: Callable[[bytes], bytes], executor: Executor):
+        self.handle, self.executor = handle, executor
+        self.token = secrets.token_bytes(16)
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self.serve, args=(ip, started), name="dlm-channel", daemon=True).start()
+        started.wait()
+
+    def serve(self, ip: str, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self.connection, ip, 0))
+        self.address = (ip, server.sockets[0].getsockname()[1])
+        started.set()
+        self.loop.run_forever()
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            _, token = await read_frame(reader)
+            if not secrets.compare_digest(token, self.token):
+                return
+            while True:
+                call_id, payload = await read_frame(reader)
+                self.loop.create_task(self.answer(writer, call_id, payload))
+        except ChannelClosed:
+            pass
+        finally:
+            writer.close()
+
+    async def answer(self, writer: asyncio.StreamWriter, call_id: int, payload: bytes) -> None:
+        reply = await self.loop.run_in_executor(self.executor, self.handle, payload)
+        if call_id != NO_REPLY and not writer.is_closing():
+            writer.write(frame(call_id, reply))
+
+
+class Channel:
+    """An orchestrator's end of one replica's channel, connected on first use. Closed for good once it breaks: the
+    caller asks Serve for the replica's address again (direct.py)."""
+
+    def __init__(self, address: tuple[str, int], token: bytes):
+        self.address, self.token = address, token
+        self.ids = itertools.count(NO_REPLY + 1)
+        self.pending: dict[int, asyncio.Future[bytes]] = {}
+        self.writer: asyncio.StreamWriter | None = None
+        self.connecting: asyncio.Task | None = None
+        self.closed: ChannelClosed | None = None
+
+    async def call(self, payload: bytes) -> bytes:
+        """payload -> the reply's payload."""
+        writer = await self.connect()
+        if self.closed is not None:  # broke while connecting: nothing would answer
+            raise self.closed
+        call_id = next(self.ids)
+        self.pending[call_id] = reply = asyncio.get_running_loop().create_future()
+        writer.write(frame(call_id, payload))
+        try:
+            return await reply
+        finally:
+            self.pending.pop(call_id, None)
+
+    def post(self, payload: bytes) -> None:
+        """A call that wants no reply, sent without waiting; lost with the replica, whose state goes with it."""
+        asyncio.ensure_future(self.send(payload))
+
+    async def send(self, payload: bytes) -> None:
+        try:
+            (await self.connect()).write(frame(NO_REPLY, payload))
+        except ChannelClosed:
+            pass
+
+    async def connect(self) -> asyncio.StreamWriter:
+        if self.closed is not None:
+            raise self.closed
+        if self.connecting is None:
+            self.connecting = asyncio.ensure_future(self.open())
+        return await asyncio.shield(self.connecting)
+
+    async def open(self) -> asyncio.StreamWriter:
+        try:
+            reader, writer = await asyncio.open_connection(*self.address)
+        except OSError as e:
+            self.closed = ChannelClosed(f"channel to {self.address}: {e!r}")
+            raise self.closed from e
+        writer.write(frame(NO_REPLY, self.token))
+        self.reading = asyncio.ensure_future(self.read(reader))
+        return writer
+
+    async def read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                call_id, payload = await read_frame(reader)
+                reply = self.pending.get(call_id)
+                if reply is not None and not reply.done():
+                    reply.set_result(payload)
+        except ChannelClosed as e:
+            self.closed = ChannelClosed(f"channel to {self.address} closed: {e}")
+            for reply in self.pending.values():
+                if not reply.done():
+                    reply.set_exception(self.closed)
+
+    def close(self) -> None:
+        if self.connecting is not None and self.connecting.done() and not self.connecting.exception():
+            self.connecting.result().close()
