@@ -1,6 +1,7 @@
 """A no-op round trip through each way the orchestrator could call a replica: a Serve handle, a plain Ray actor call, a
-closure run on a Serve replica's own actor (`__ray_call__`, how services/serving/replica.py's `direct` calls go), a Ray
-Compiled Graph channel (ray.dag InputNode + experimental_compile) and a gRPC unary over loopback. Each call carries a
+closure run on a Serve replica's own actor (`__ray_call__`), a Ray Compiled Graph channel (ray.dag InputNode +
+experimental_compile), a gRPC unary over loopback, and a Serve replica's channel (services/serving/channel.py, how
+the rounds' calls go). Each call carries a
 small payload (the size of a c=1 pipeline round's arguments) and is awaited on an event loop, as the orchestrator
 awaits its calls, before the next; milliseconds, median and p90 of CALLS calls after 20 warm-up calls.
 `PYTHONPATH=. python scripts/transport_rtt.py [CALLS]`
@@ -14,6 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from services.serving.ray_env import set_ray_env
 
@@ -23,6 +25,8 @@ import grpc  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.dag import InputNode  # noqa: E402
+
+from services.serving.channel import Channel, ChannelServer  # noqa: E402
 
 PAYLOAD = bytes(2048)
 
@@ -35,8 +39,14 @@ class Echo:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, logging_config={"log_level": "WARNING"})
 class EchoDeployment:
+    def __init__(self):
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), lambda payload: payload, ThreadPoolExecutor(1))
+
     def noop(self, payload: bytes) -> bytes:
         return payload
+
+    def endpoint(self) -> tuple[tuple[str, int], bytes]:
+        return self.channel.address, self.channel.token
 
     def actor(self) -> ray.actor.ActorHandle:
         return ray.get_runtime_context().current_actor
@@ -85,6 +95,7 @@ async def compiled(*actors) -> Callable[[bytes], Awaitable[bytes]]:
 async def measure(calls: int) -> dict[str, list[float]]:
     handle = serve.run(EchoDeployment.bind(), name="rtt")
     replica = await handle.actor.remote()
+    channel = Channel(*await handle.endpoint.remote())
     echo = Echo.remote()
     one, two = await compiled(Echo.remote()), await compiled(Echo.remote(), Echo.remote())
     server, unary = await grpc_echo()
@@ -95,6 +106,7 @@ async def measure(calls: int) -> dict[str, list[float]]:
         "compiled graph, one actor": lambda: one(PAYLOAD),
         "compiled graph, 2 actors in a row": lambda: two(PAYLOAD),
         "gRPC unary, loopback": lambda: unary(PAYLOAD),
+        "Serve replica's channel": lambda: channel.call(PAYLOAD),
     }
     results = {name: await timed(call, calls) for name, call in ways.items()}
     await server.stop(None)

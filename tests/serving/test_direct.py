@@ -1,58 +1,75 @@
-"""DirectHandle over a stand-in Serve handle and stand-in replica actors: a round's calls run on the named replica's own
-actor, learnt once through Serve; a dead actor's error reaches the remote executor and the actor is asked for again;
-a stateless deployment's calls take its live replicas in turn; KV is freed on the replica's actor."""
+"""DirectHandle over a stand-in Serve handle and stand-in replicas serving real channels (ReplicaHost.answer): a
+round's calls run on the named replica, whose channel is learnt once through Serve; a dead replica's ChannelClosed
+reaches the remote executor and the replica is asked for again; a stateless deployment's calls take its live
+replicas in turn; KV is freed over the replica's channel, or through Serve before one is known; a host's error
+fails the call, not the channel."""
 
 import asyncio
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from ray.exceptions import ActorDiedError
 
 from services.common.contract import Reply
-from services.serving import live_replicas, replica
+from services.serving import live_replicas
+from services.serving.channel import ChannelClosed, ChannelServer
 from services.serving.direct import DirectHandle
+from services.serving.replica import ReplicaHost
 
 
-class Actor:
-    """A replica's actor: `__ray_call__` runs the closure on it, or raises as a dead actor does."""
+class Host:
+    """A model host: records what it ran."""
 
     def __init__(self, name: str, ran: list):
-        self.name, self.ran, self.dead = name, ran, False
-        self.__ray_call__ = SimpleNamespace(remote=self.ray_call)
+        self.name, self.ran = name, ran
 
-    def ray_call(self, fn, *args):
-        if self.dead:
-            raise ActorDiedError()
-        self.ran.append((self.name, fn.__name__, *args))
-        return Ref([Reply(self.name)])
+    def propose(self, args: list) -> list[Reply]:
+        self.ran.append((self.name, "propose", args))
+        return [Reply(self.name) for _ in args]
+
+    def verify(self, args: list) -> list[Reply]:
+        raise ValueError(f"bad draft on {self.name}")
+
+    def release(self, request_ids: list[str]) -> None:
+        self.ran.append((self.name, "release", request_ids))
 
 
-class Ref:
-    """An ObjectRef: awaiting it gives the reply; a fire-and-forget call never awaits it."""
+class Replica(ReplicaHost, Host):
+    """A replica as start_replica makes it, without Serve."""
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, name: str, ran: list):
+        Host.__init__(self, name, ran)
+        self.deployment, self.replica, self.kv_budget = "drafter", name, 1
+        self.worker = ThreadPoolExecutor(1)
+        self.channel = ChannelServer("127.0.0.1", self.answer, self.worker)
 
-    def __await__(self):
-        yield from ()
-        return self.value
+
+def dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Serve:
-    """A Serve handle: `actor` answers the replica named when it lives, else the first live one."""
+    """A Serve handle: `endpoint` answers the replica named when it lives, else the first live one."""
 
     def __init__(self, ran: list):
         self.asked, self.released = [], []
-        self.replicas = {name: Actor(name, ran) for name in ("r0", "r1")}
-        self.actor = SimpleNamespace(remote=self.get_actor)
+        self.replicas = {name: Replica(name, ran) for name in ("r0", "r1")}
+        self.dead: set[str] = set()
+        self.endpoint = SimpleNamespace(remote=self.get_endpoint)
         self.release = SimpleNamespace(remote=lambda ids, replica=None: self.released.append((replica, ids)))
         self.deployment_name = "drafter"
 
-    async def get_actor(self, replica=None):
+    async def get_endpoint(self, replica=None):
         self.asked.append(replica)
-        live = {name: a for name, a in self.replicas.items() if not a.dead}
-        name = replica if replica in live else next(iter(live))
-        return name, live[name]
+        if replica in self.dead:  # Serve still names it: its actor has not been reported dead yet
+            return replica, ("127.0.0.1", dead_port()), b"token"
+        name = replica if replica in self.replicas else next(iter(self.replicas))
+        channel = self.replicas[name].channel
+        return name, channel.address, channel.token
 
 
 @pytest.fixture
@@ -61,39 +78,67 @@ def ran(monkeypatch) -> list:
     return []
 
 
-def run(direct: DirectHandle, replica: str | None = None) -> list:
-    return [r.value for r in asyncio.run(direct.run.remote("propose", ["args"], None, replica=replica))]
+def run(direct: DirectHandle, replica: str | None = None, method: str = "propose") -> list:
+    return [r.value for r in asyncio.run(direct.run.remote(method, ["args"], None, replica=replica))]
 
 
-def test_calls_run_on_the_named_replicas_actor_learnt_once(ran):
+def test_calls_run_on_the_named_replica_whose_channel_is_learnt_once(ran):
     serve = Serve(ran)
     direct = DirectHandle(serve)
-    assert run(direct, "r1") == ["r1"] and run(direct, "r1") == ["r1"] and run(direct, "r0") == ["r0"]
+
+    async def calls():
+        return [await direct.run.remote("propose", ["args"], None, replica=r) for r in ("r1", "r1", "r0")]
+
+    assert [[r.value for r in replies] for replies in asyncio.run(calls())] == [["r1"], ["r1"], ["r0"]]
     assert serve.asked == ["r1", "r0"]
-    assert ran == [("r1", "direct", "propose", ["args"], None)] * 2 + [("r0", "direct", "propose", ["args"], None)]
+    assert ran == [("r1", "propose", ["args"])] * 2 + [("r0", "propose", ["args"])]
 
 
-def test_a_dead_actor_raises_and_is_asked_for_again(ran):
+def test_a_dead_replica_raises_channel_closed_and_is_asked_for_again(ran):
     serve = Serve(ran)
+    serve.dead.add("r0")
     direct = DirectHandle(serve)
-    run(direct, "r0")
-    serve.replicas["r0"].dead = True
-    with pytest.raises(ActorDiedError):
+    with pytest.raises(ChannelClosed):
         run(direct, "r0")
+    serve.dead.clear()
+    del serve.replicas["r0"]
     assert run(direct, "r0") == ["r1"]  # Serve answers with a live replica; the executor re-places on its own
     assert serve.asked == ["r0", "r0"]
 
 
 def test_a_stateless_deployment_takes_its_live_replicas_in_turn(ran):
     direct = DirectHandle(Serve(ran))
-    assert [run(direct)[0] for _ in range(4)] == ["r0", "r1", "r0", "r1"]
+
+    async def calls():
+        return [(await direct.run.remote("propose", ["args"], None))[0].value for _ in range(4)]
+
+    assert asyncio.run(calls()) == ["r0", "r1", "r0", "r1"]
 
 
-def test_kv_is_freed_on_the_replicas_actor_or_through_serve_before_one_is_known(ran):
+def test_kv_is_freed_over_the_replicas_channel_or_through_serve_before_one_is_known(ran):
     serve = Serve(ran)
     direct = DirectHandle(serve)
-    direct.release.remote(["a"], replica="r0")
-    run(direct, "r0")
-    direct.release.remote(["b"], replica="r0")
+
+    async def calls():
+        direct.release.remote(["a"], replica="r0")
+        await direct.run.remote("propose", ["args"], None, replica="r0")
+        direct.release.remote(["b"], replica="r0")
+        deadline = time.monotonic() + 10
+        while ran[-1][1] != "release":
+            assert time.monotonic() < deadline, "the release never reached the replica"
+            await asyncio.sleep(0.01)
+
+    asyncio.run(calls())
     assert serve.released == [("r0", ["a"])]
-    assert ran[-1][:3] == ("r0", replica.direct_release.__name__, ["b"])
+    assert ran[-1] == ("r0", "release", ["b"])
+
+
+def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
+    direct = DirectHandle(Serve(ran))
+
+    async def calls():
+        with pytest.raises(ValueError, match="bad draft on r0"):
+            await direct.run.remote("verify", ["args"], None, replica="r0")
+        return await direct.run.remote("propose", ["args"], None, replica="r0")
+
+    assert [r.value for r in asyncio.run(calls())] == ["r0"]

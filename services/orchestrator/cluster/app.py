@@ -7,7 +7,6 @@ they share (SO_REUSEPORT: the kernel spreads new connections over them), the Ser
 them, and they share the model replicas, whose KV budget each reserves in the cache index (admission.py)."""
 
 import asyncio
-import os
 import time
 from dataclasses import asdict
 
@@ -118,7 +117,7 @@ class Orchestrator:
 # so each replica may use every core while the others wait (a spinning one would hold a core). Two malloc arenas: with
 # glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger packed batches; with 2 it
 # stayed within 1% (tests/soak/soak.py).
-REPLICA_ENV = {"GOMP_SPINCOUNT": os.environ.get("XSPIN", "30000"), "MALLOC_ARENA_MAX": "2"}
+REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}
 
 
 def build_app(args: dict | None = None):
@@ -155,7 +154,7 @@ def build_app(args: dict | None = None):
     if "ar" in cfg.models:
         handles["ar"] = GuiderDeployment.options(**options("ar", pinned)).bind(config, "ar")
     if {"filter", "filter_bidirectional"} & set(cfg.models):  # one deployment hosts both families' filters
-        filter_options = {**model, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
+        filter_options = {**pinned, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
         handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
     # the orchestrator replicas together ask what one asks: `dlm serve` on 2 cores fits the models and them

@@ -1,7 +1,7 @@
 """The deployments across machines: two Ray nodes started on this machine (ray.cluster_utils.Cluster), the drafter
 placed on one and the guider on the other by custom node resources (serving.resources), serve the same tokens as in
-process on the transport the orchestrator uses (calls straight to each replica's actor, services/serving/direct.py),
-and each round's breakdown comes back across the hop."""
+process on the transport the orchestrator uses (each replica's channel at its node's address,
+services/serving/channel.py), and each round's breakdown comes back across the hop."""
 
 import time
 
@@ -61,10 +61,9 @@ def two_nodes(tiny_zoo, redis_url, tmp_path_factory):
 
 def replica_node(deployment: str) -> str:
     import ray
-    from ray import serve
 
-    _, actor = serve.get_deployment_handle(deployment, app_name="dlm").actor.remote().result()
-    return ray.get(actor.__ray_call__.remote(node_of))
+    [name] = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    return ray.get(ray.get_actor(name, namespace="serve").__ray_call__.remote(node_of))
 
 
 def test_the_drafter_and_the_guider_on_two_nodes_serve_the_in_process_tokens(two_nodes):
