@@ -9,6 +9,7 @@ crosses only with a call whose host samples from it.
 
 import copyreg
 from dataclasses import fields
+from functools import cache
 from typing import get_args
 
 import numpy as np
@@ -34,17 +35,20 @@ class _Generator:
 
 
 def pack(value):
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+    # exact types: isinstance(value, torch.Generator) runs a Python __instancecheck__, a third of a request's pickling
+    kind = type(value)
+    if kind is torch.Tensor and value.device.type == "cpu":
         return _Array(value.numpy())
-    if isinstance(value, torch.Generator) and value.device.type == "cpu":
+    if kind is torch.Generator and value.device.type == "cpu":
         return _Generator(value.get_state().numpy())
     return value
 
 
 def unpack(value):
-    if isinstance(value, _Array):
+    kind = type(value)
+    if kind is _Array:
         return torch.from_numpy(value.array)
-    if isinstance(value, _Generator):
+    if kind is _Generator:
         generator = torch.Generator()
         generator.set_state(torch.from_numpy(value.state))
         return generator
@@ -58,8 +62,14 @@ def restore(cls: type, state: dict):
     return obj
 
 
+@cache
+def names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names: dataclasses.fields builds its tuple anew at every call."""
+    return tuple(f.name for f in fields(cls))
+
+
 def reduce(obj) -> tuple:
-    return restore, (type(obj), {f.name: pack(getattr(obj, f.name)) for f in fields(obj)})
+    return restore, (type(obj), {name: pack(getattr(obj, name)) for name in names(type(obj))})
 
 
 class _WithoutRNG:
@@ -75,13 +85,13 @@ def reduce_request(req: Request, rng: bool = True) -> tuple:
     """As reduce, but the RNG crosses only to a host that draws from it (a proposal's sampling, sampling.choose) and
     never for a greedy request: its state is 5 KB, most of what a round sends (scripts/hop_bytes.py); the host's Reply
     then brings none back."""
-    state = {f.name: pack(getattr(req, f.name)) for f in fields(req) if f.name != "generator"}
+    state = {name: pack(getattr(req, name)) for name in names(Request) if name != "generator"}
     state["generator"] = pack(req.generator) if rng and not req.sampling.greedy else None
     return restore, (Request, state)
 
 
 def reduce_args(args: Args) -> tuple:
-    state = {f.name: pack(getattr(args, f.name)) for f in fields(args)}
+    state = {name: pack(getattr(args, name)) for name in names(type(args))}
     if "req" in state and not isinstance(args, DRAWS):
         state["req"] = _WithoutRNG(args.req)
     return restore, (type(args), state)
