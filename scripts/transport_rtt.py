@@ -15,7 +15,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from services.serving.ray_env import set_ray_env
 
@@ -40,7 +39,7 @@ class Echo:
 @serve.deployment(ray_actor_options={"num_cpus": 0}, logging_config={"log_level": "WARNING"})
 class EchoDeployment:
     def __init__(self):
-        self.channel = ChannelServer(ray.util.get_node_ip_address(), lambda payload: payload, ThreadPoolExecutor(1))
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), lambda payload: payload)
 
     def noop(self, payload: bytes) -> bytes:
         return payload

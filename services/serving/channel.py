@@ -16,10 +16,12 @@ import secrets
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
+from typing import TypeVar
 
 HEADER = struct.Struct("!IQ")  # payload length, call id
 NO_REPLY = 0  # the call id of a frame that wants no reply (releases)
+T = TypeVar("T")
 
 
 class ChannelClosed(ConnectionError):
@@ -38,16 +40,18 @@ def frame(call_id: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), call_id) + payload
 
 
-class ChannelServer:
-    """A replica's end: a thread with an event loop of its own accepts connections and hands each frame's payload to
-    `handle` on the host's one thread (`executor`), which returns the reply's payload."""
+class ChannelServer(Executor):
+    """A replica's end, and its host's one thread: an event loop on a thread of its own accepts connections and runs
+    `handle` on each frame's payload right there, which returns the reply's payload. The host's other work (a release
+    through Serve) comes to the same thread through `submit`, so that nothing touches the host's caches at once.
+    Handing each frame to another thread cost two thread wake-ups a call."""
 
-    def __init__(self, ip: str, handle: Callable[[bytes], bytes], executor: Executor):
-        self.handle, self.executor = handle, executor
+    def __init__(self, ip: str, handle: Callable[[bytes], bytes]):
+        self.handle = handle
         self.token = secrets.token_bytes(16)
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
-        threading.Thread(target=self.serve, args=(ip, started), name="dlm-channel", daemon=True).start()
+        threading.Thread(target=self.serve, args=(ip, started), name="dlm-host", daemon=True).start()
         started.wait()
 
     def serve(self, ip: str, started: threading.Event) -> None:
@@ -57,6 +61,18 @@ class ChannelServer:
         started.set()
         self.loop.run_forever()
 
+    def submit(self, fn: Callable[..., T], /, *args) -> Future[T]:
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:
+                done.set_exception(e)
+
+        self.loop.call_soon_threadsafe(run)
+        return done
+
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             _, token = await read_frame(reader)
@@ -64,16 +80,13 @@ class ChannelServer:
                 return
             while True:
                 call_id, payload = await read_frame(reader)
-                self.loop.create_task(self.answer(writer, call_id, payload))
+                reply = self.handle(payload)  # blocks the loop: the host runs one call at a time anyway
+                if call_id != NO_REPLY:
+                    writer.write(frame(call_id, reply))
         except ChannelClosed:
             pass
         finally:
             writer.close()
-
-    async def answer(self, writer: asyncio.StreamWriter, call_id: int, payload: bytes) -> None:
-        reply = await self.loop.run_in_executor(self.executor, self.handle, payload)
-        if call_id != NO_REPLY and not writer.is_closing():
-            writer.write(frame(call_id, reply))
 
 
 class Channel:

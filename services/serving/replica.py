@@ -7,7 +7,6 @@ through a Serve call (services/serving/direct.py)."""
 
 import asyncio
 import pickle
-from concurrent.futures import ThreadPoolExecutor
 
 import ray
 from ray import serve
@@ -31,12 +30,11 @@ class ReplicaHost:
         self.deployment, self.replica = context.deployment, context.replica_id.unique_id
         self.kv_budget = kv_budget_tokens
         self.kv_usage = Gauge("dlm_kv_cache_usage_perc", description="Fraction of the replica's KV budget cached")
-        # The host's calls and releases run one at a time on a thread of their own, as in process
+        # The host's calls and releases run one at a time on the channel's thread, as in process on the executor's
         # (engine/local_executor.py), rather than on the worker threads Serve gives a sync method, where two calls
         # could touch the host's caches at once and the drafter's propose ran 5-17% slower (its compute in
         # `dlm bench --breakdown`).
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="dlm-host")
-        self.channel = ChannelServer(ray.util.get_node_ip_address(), self.answer, self.worker)
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), self.answer)
         self.report_kv()
 
     def endpoint(self, replica: str | None = None) -> Endpoint:
@@ -65,7 +63,7 @@ class ReplicaHost:
 
     async def release(self, request_ids: list[str], replica: str | None = None) -> None:
         """Through Serve, where the orchestrator holds no channel to the replica (direct.py)."""
-        await asyncio.get_running_loop().run_in_executor(self.worker, self.free, request_ids)
+        await asyncio.wrap_future(self.channel.submit(self.free, request_ids))
 
     def free(self, request_ids: list[str]) -> None:
         super().release(request_ids)

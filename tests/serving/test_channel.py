@@ -1,38 +1,66 @@
-"""The rounds' channel to a replica (services/serving/channel.py): calls in flight at once each get their own reply,
-a connection without the replica's token is closed unanswered, and a replica that dies fails the calls in flight on
-it with ChannelClosed, at once and for good."""
+"""The rounds' channel to a replica (services/serving/channel.py): replies find their calls by id whatever their
+order, a replica runs its frames and its other work one at a time on one thread, a connection without the replica's
+token is closed unanswered, and a replica that dies fails the calls in flight on it with ChannelClosed, at once and
+for good."""
 
 import asyncio
 import socket
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.serving.channel import HEADER, Channel, ChannelClosed, ChannelServer, frame
+from services.serving.channel import HEADER, Channel, ChannelClosed, ChannelServer, frame, read_frame
 
 
-def slow_echo(payload: bytes) -> bytes:
-    """Sleeps as long as the payload says (ms), so that replies come back out of order."""
-    time.sleep(int(payload) / 1000)
+def echo(payload: bytes) -> bytes:
     return b"echo " + payload
 
 
-def test_calls_in_flight_at_once_each_get_their_own_reply():
-    server = ChannelServer("127.0.0.1", slow_echo, ThreadPoolExecutor(4))
+def test_replies_find_their_calls_by_id_in_any_order():
+    async def calls():
+        async def answer_backwards(reader, writer):
+            await read_frame(reader)  # the token
+            frames = [await read_frame(reader) for _ in range(4)]
+            for call_id, payload in reversed(frames):
+                writer.write(frame(call_id, echo(payload)))
+
+        server = await asyncio.start_server(answer_backwards, "127.0.0.1", 0)
+        channel = Channel(server.sockets[0].getsockname()[:2], b"token")
+        replies = await asyncio.gather(*(channel.call(str(i).encode()) for i in range(4)))
+        server.close()
+        return replies
+
+    assert asyncio.run(calls()) == [b"echo 0", b"echo 1", b"echo 2", b"echo 3"]
+
+
+def test_a_replica_runs_its_calls_and_other_work_one_at_a_time_on_one_thread():
+    ran = []
+
+    def handle(payload: bytes) -> bytes:
+        ran.append((threading.current_thread(), payload))
+        time.sleep(0.01)
+        return echo(payload)
+
+    server = ChannelServer("127.0.0.1", handle)
 
     async def calls():
         channel = Channel(server.address, server.token)
-        return await asyncio.gather(*(channel.call(str(ms).encode()) for ms in (80, 10, 40, 0)))
+        out = asyncio.gather(*(channel.call(str(i).encode()) for i in range(5)))
+        other = asyncio.wrap_future(server.submit(lambda: ran.append((threading.current_thread(), b"release"))))
+        return await out, await other
 
-    assert asyncio.run(calls()) == [b"echo 80", b"echo 10", b"echo 40", b"echo 0"]
+    replies, _ = asyncio.run(calls())
+    assert replies == [f"echo {i}".encode() for i in range(5)]
+    assert len({thread for thread, _ in ran}) == 1 and len(ran) == 6
+    assert [payload for _, payload in ran if payload != b"release"] == [str(i).encode() for i in range(5)]
 
 
 def test_a_connection_without_the_token_is_closed_unanswered():
     ran = []
-    server = ChannelServer("127.0.0.1", ran.append, ThreadPoolExecutor(1))
+    server = ChannelServer("127.0.0.1", ran.append)
     with socket.create_connection(server.address) as sock:
         sock.sendall(frame(0, b"not the token") + frame(1, b"payload"))
         sock.settimeout(10)
@@ -41,11 +69,9 @@ def test_a_connection_without_the_token_is_closed_unanswered():
 
 
 REPLICA = """
-import sys, time
-from concurrent.futures import ThreadPoolExecutor
+import time
 from services.serving.channel import ChannelServer
-from tests.serving.test_channel import slow_echo
-server = ChannelServer("127.0.0.1", slow_echo, ThreadPoolExecutor(1))
+server = ChannelServer("127.0.0.1", lambda payload: time.sleep(int(payload)) or payload)
 print(server.address[1], server.token.hex(), flush=True)
 time.sleep(3600)
 """
@@ -58,8 +84,8 @@ def test_a_replica_that_dies_fails_the_calls_in_flight_and_every_later_one():
 
     async def calls():
         channel = Channel(address, token)
-        assert await channel.call(b"0") == b"echo 0"
-        in_flight = asyncio.ensure_future(channel.call(b"10000"))
+        assert await channel.call(b"0") == b"0"
+        in_flight = asyncio.ensure_future(channel.call(b"100"))
         await asyncio.sleep(0.2)
         replica.kill()
         with pytest.raises(ChannelClosed):

@@ -7,7 +7,6 @@ fails the call, not the channel."""
 import asyncio
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -42,8 +41,7 @@ class Replica(ReplicaHost, Host):
     def __init__(self, name: str, ran: list):
         Host.__init__(self, name, ran)
         self.deployment, self.replica, self.kv_budget = "drafter", name, 1
-        self.worker = ThreadPoolExecutor(1)
-        self.channel = ChannelServer("127.0.0.1", self.answer, self.worker)
+        self.channel = ChannelServer("127.0.0.1", self.answer)
 
 
 def dead_port() -> int:
