@@ -21,7 +21,7 @@ Kubernetes manifests do).
 
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import NamedTuple
 
@@ -475,11 +475,11 @@ class RedisCacheIndex(CacheIndex):
             raise self.unreachable(e) from e
         if any(isinstance(reply, NO_SCRIPT) for reply in replies):
             self._loaded = False
-            raise IndexUnavailable(f"cache index ({self}) lost its scripts (a restart?): a batch went partly")
+            raise IndexUnavailable(f"cache index ({self}) lost its scripts (a restart?): the batch ran in part")
         replies = iter(replies)
         return [call if isinstance(call, Exception) else _result(call, next(replies)) for call in calls]
 
-    async def _load(self, names) -> None:
+    async def _load(self, names: Iterable[str]) -> None:
         try:
             for name in names:
                 await self.client.script_load(self._scripts[name].script)
