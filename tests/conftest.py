@@ -42,6 +42,21 @@ def redis_url(redis_process) -> str:
     return redis_process.url
 
 
+@pytest.fixture
+def round_trips(monkeypatch) -> list[int]:
+    """[how many times a Redis client of this process sent to its server]: a pipeline sends once."""
+    from redis.asyncio.connection import AbstractConnection
+
+    sent, send = [0], AbstractConnection.send_packed_command
+
+    async def counted(self, *args, **kwargs):
+        sent[0] += 1
+        return await send(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    return sent
+
+
 def pytest_sessionfinish(session, exitstatus):
     left = leftovers()
     if left:

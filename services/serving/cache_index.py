@@ -24,11 +24,16 @@ The interface is async so that a remote index never blocks the event loop. Usage
     await index.put(IndexEntry(rid, drafter=drafter, guider=guider, strategy="pipeline", params={...}, ttl_s=600))
     await index.commit(rid, positions=[3, 0, 1], token_ids=[17, 5, 9], snapshot=blob, streamed=4)  # every round
     await index.release(rid)  # finished or aborted
+
+Writes that go together go in one round trip, each still atomic on its own::
+
+    results = await index.batch([Op("commit", (rid, [4], [23], blob, 5)), Op("release", (other,))])
 """
 
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 
 @dataclass(slots=True)
@@ -62,6 +67,14 @@ class IndexEntry:
     owner: str | None = None
     streamed: int = 0
     snapshot: bytes = b""
+
+
+class Op(NamedTuple):
+    """One operation of a batch: a method of the index that writes (put, commit, place, release) and its arguments,
+    positional, as that method takes them."""
+
+    method: str
+    args: tuple
 
 
 class CacheIndex(ABC):
@@ -118,6 +131,14 @@ class CacheIndex(ABC):
     @abstractmethod
     async def release(self, request_id: str) -> bool:
         """Delete the entry and give every token it holds back to its replicas. True if there was anything."""
+
+    @abstractmethod
+    async def batch(self, ops: list[Op]) -> list[object]:
+        """Run the operations in order in one round trip, each as atomic as its method alone (not the batch: other
+        clients' operations may come in between). Returns per operation what its method returns, or the exception it
+        raises (KeyError from a commit, ValueError from bad arguments), raising none of them: a failed operation does
+        not stop the ones after it. IndexUnavailable when the index cannot be reached, or restarted meanwhile: then any
+        of them may or may not have happened."""
 
     # ------------------------------------------------------------------ replicas
     @abstractmethod

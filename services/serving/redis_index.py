@@ -1,4 +1,5 @@
-"""The cache index on Redis (>= 6.2): every operation is one Lua script, so each is atomic across orchestrators.
+"""The cache index on Redis (>= 6.2): every operation is one Lua script, so each is atomic across orchestrators; a
+batch is one pipeline of them (one round trip).
 
 Keys (prefix `dlm:` by default):
 
@@ -20,6 +21,9 @@ Kubernetes manifests do).
 
 import json
 import struct
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import NamedTuple
 
 import redis.asyncio as redis
 from redis import exceptions
@@ -30,6 +34,7 @@ from services.serving.cache_index import (
     CacheIndex,
     IndexEntry,
     IndexUnavailable,
+    Op,
     OwnerAlive,
     check_commit,
     check_tokens,
@@ -41,6 +46,7 @@ from services.serving.cache_index import (
 __all__ = ["RedisCacheIndex", "pack_ids", "unpack_ids"]
 
 UNREACHABLE = (exceptions.ConnectionError, exceptions.TimeoutError)  # raised as IndexUnavailable
+NO_SCRIPT = exceptions.NoScriptError  # a batch's reply when Redis lost a script (a restart, SCRIPT FLUSH)
 ORPHAN_BATCH = 500  # entries one `orphans` script checks, so that no script holds Redis for long
 
 _LIB = """
@@ -238,6 +244,48 @@ def _glob_escape(s: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in s)
 
 
+class _Call(NamedTuple):
+    """One script call, made alone (`_call`) or in a batch: its script, keys and arguments after the prefix, and what
+    makes its reply the method's result."""
+
+    script: str
+    keys: list[str]
+    args: tuple
+    result: Callable[[object], object]
+
+
+def _prepared(prepare: Callable[..., _Call] | None, op: Op) -> _Call | Exception:
+    """op's call, or what is wrong with it, which the batch returns in its place."""
+    if prepare is None:
+        return ValueError(f"{op.method!r} is not an operation a batch runs (put, commit, place, release)")
+    try:
+        return prepare(*op.args)
+    except Exception as e:
+        return e
+
+
+def _result(call: _Call, reply: object) -> object:
+    if isinstance(reply, Exception):  # a script's error
+        return reply
+    try:
+        return call.result(reply)
+    except KeyError as e:
+        return e
+
+
+def _nothing(reply: object) -> None:
+    return None
+
+
+def _committed(request_id: str, ok: object) -> None:
+    if not ok:
+        raise KeyError(request_id)
+
+
+def _chosen(chosen: list[bytes] | None) -> list[str] | None:
+    return [r.decode() for r in chosen] if chosen else None
+
+
 class RedisCacheIndex(CacheIndex):
     def __init__(self, client: redis.Redis, prefix: str = "dlm:", default_ttl_s: float | None = 3600.0):
         self.client = client
@@ -256,6 +304,7 @@ class RedisCacheIndex(CacheIndex):
             "sweep_all": _SWEEP_ALL,
         }
         self._scripts = {name: client.register_script(_LIB + src) for name, src in scripts.items()}
+        self._loaded = False  # whether Redis holds the scripts a batch runs, as far as this client knows
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "dlm:", default_ttl_s: float | None = 3600.0, **redis_kwargs):
@@ -289,6 +338,9 @@ class RedisCacheIndex(CacheIndex):
         except UNREACHABLE as e:
             raise self.unreachable(e) from e
 
+    async def _call(self, call: _Call):
+        return call.result(await self._run(call.script, call.keys, *call.args))
+
     def _decode(self, request_id: str, snap) -> IndexEntry | None:
         if not snap:
             return None
@@ -313,10 +365,11 @@ class RedisCacheIndex(CacheIndex):
 
     # ------------------------------------------------------------------ entries
     async def put(self, entry: IndexEntry) -> None:
+        await self._call(self._put(entry))
+
+    def _put(self, entry: IndexEntry) -> _Call:
         e = normalise(entry, self.default_ttl_s)
-        await self._run(
-            "put",
-            self._req_keys(e.request_id),
+        args = (
             e.request_id,
             _ttl_ms(e.ttl_s),
             e.drafter or "",
@@ -331,6 +384,7 @@ class RedisCacheIndex(CacheIndex):
             e.streamed,
             e.snapshot,
         )
+        return _Call("put", self._req_keys(e.request_id), args, _nothing)
 
     async def commit(
         self,
@@ -340,12 +394,20 @@ class RedisCacheIndex(CacheIndex):
         snapshot: bytes | None = None,
         streamed: int | None = None,
     ) -> None:
+        await self._call(self._commit(request_id, positions, token_ids, snapshot, streamed))
+
+    def _commit(
+        self,
+        request_id: str,
+        positions: list[int],
+        token_ids: list[int],
+        snapshot: bytes | None = None,
+        streamed: int | None = None,
+    ) -> _Call:
         positions, token_ids = check_commit(positions, token_ids)
-        record = [] if snapshot is None else [bytes(snapshot), int(streamed or 0)]
-        keys, n = self._req_keys(request_id), len(positions)
-        ok = await self._run("commit", keys, request_id, n, pack_ids(token_ids), pack_ids(positions), *record)
-        if not ok:
-            raise KeyError(request_id)
+        record = () if snapshot is None else (bytes(snapshot), int(streamed or 0))
+        args = (request_id, len(positions), pack_ids(token_ids), pack_ids(positions), *record)
+        return _Call("commit", self._req_keys(request_id), args, partial(_committed, request_id))
 
     async def adopt(self, request_id: str, owner: str) -> IndexEntry | None:
         snap = await self._run("adopt", self._req_keys(request_id), request_id, owner)
@@ -393,17 +455,49 @@ class RedisCacheIndex(CacheIndex):
         return self._decode(request_id, await self._run("get", self._req_keys(request_id), request_id))
 
     async def release(self, request_id: str) -> bool:
-        return bool(await self._run("release", self._req_keys(request_id), request_id))
+        return await self._call(self._release(request_id))
+
+    def _release(self, request_id: str) -> _Call:
+        return _Call("release", self._req_keys(request_id), (request_id,), bool)
+
+    async def batch(self, ops: list[Op]) -> list[object]:
+        batchable = {"put": self._put, "commit": self._commit, "place": self._place, "release": self._release}
+        calls = [_prepared(batchable.get(op.method), op) for op in ops]
+        sent = [call for call in calls if isinstance(call, _Call)]
+        if not self._loaded:  # a pipeline cannot load a missing script and go on in order, as a single call does
+            await self._load(batchable)
+        pipe = self.client.pipeline(transaction=False)
+        for call in sent:
+            pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, self.prefix, *call.args)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except UNREACHABLE as e:
+            raise self.unreachable(e) from e
+        if any(isinstance(reply, NO_SCRIPT) for reply in replies):
+            self._loaded = False
+            raise IndexUnavailable(f"cache index ({self}) lost its scripts (a restart?): the batch ran in part")
+        replies = iter(replies)
+        return [call if isinstance(call, Exception) else _result(call, next(replies)) for call in calls]
+
+    async def _load(self, names: Iterable[str]) -> None:
+        try:
+            for name in names:
+                await self.client.script_load(self._scripts[name].script)
+        except UNREACHABLE as e:
+            raise self.unreachable(e) from e
+        self._loaded = True
 
     # ------------------------------------------------------------------ replicas
     async def place(
         self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None
     ) -> list[str] | None:
-        default = _ttl_ms(self.default_ttl_s)
+        return await self._call(self._place(request_id, candidates, tokens, budget))
+
+    def _place(self, request_id: str, candidates: list[list[str]], tokens: int, budget: int | None) -> _Call:
         budget = "" if budget is None else int(budget)
         groups = [arg for replicas in candidates for arg in (len(replicas), *replicas)]
-        chosen = await self._run("place", [], request_id, check_tokens(tokens), budget, default, *groups)
-        return [r.decode() for r in chosen] if chosen else None
+        args = (request_id, check_tokens(tokens), budget, _ttl_ms(self.default_ttl_s), *groups)
+        return _Call("place", [], args, _chosen)
 
     async def replica_tokens(self, replica: str) -> int:
         return int(await self._run("replica_tokens", [], replica))

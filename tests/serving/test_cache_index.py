@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from services.serving.cache_index import IndexEntry, IndexUnavailable, OwnerAlive, request_keys
+from services.serving.cache_index import IndexEntry, IndexUnavailable, Op, OwnerAlive, request_keys
 from services.serving.indexes import make_index
 from services.serving.redis_index import RedisCacheIndex
 
@@ -307,6 +307,45 @@ async def test_a_round_commits_its_tokens_snapshot_and_streamed_count_together(i
     await index.commit("r", positions=[2], token_ids=[9])  # without a snapshot: the last one stays
     got = await index.get("r")
     assert (got.order, got.snapshot, got.streamed) == ([1, 0, 2], b"round-1", 2)
+
+
+async def test_a_batch_runs_its_operations_in_order_in_one_round_trip(index, round_trips):
+    """Each operation as its method alone would, its result or its error in its place, none stopping the next."""
+    assert await index.batch([Op("put", (full_entry("ended"),))]) == [None]  # the first loads the scripts
+    sent = round_trips[0]
+    results = await index.batch(
+        [
+            Op("put", (full_entry("r", token_ids=[], order=[], committed_len=0),)),
+            Op("commit", ("r", [2], [11])),
+            Op("commit", ("gone", [0], [1])),  # no entry
+            Op("commit", ("r", [0, 1], [12])),  # misaligned: never sent
+            Op("get", ("r",)),  # a read: not for a batch
+            Op("commit", ("r", [0, 1], [12, 13], b"round-2", 3)),
+            Op("place", ("r", [["drafter-0", "drafter-1"]], 30, 100)),
+            Op("release", ("ended",)),
+            Op("release", ("ended",)),
+        ]
+    )
+    assert round_trips[0] == sent + 1
+    assert results[:2] == [None, None] and results[5:] == [None, ["drafter-0"], True, False]
+    assert isinstance(results[2], KeyError) and isinstance(results[3], ValueError)
+    assert isinstance(results[4], ValueError) and "'get'" in str(results[4])
+    got = await index.get("r")
+    assert (got.order, got.token_ids, got.committed_len) == ([2, 0, 1], [11, 12, 13], 3)
+    assert (got.snapshot, got.streamed) == (b"round-2", 3)
+    assert await index.holdings("drafter-0") == {"r": 30} and await index.get("ended") is None
+    assert await stored_keys(index, "gone") == set()
+
+
+async def test_a_batch_after_redis_lost_its_scripts_is_unavailable_once(index):
+    """A pipeline cannot load a lost script and go on in order: the batch says the index restarted (its writes may
+    or may not have happened), and the next one goes through."""
+    assert await index.batch([Op("put", (full_entry("r", token_ids=[], order=[], committed_len=0),))]) == [None]
+    await index.client.script_flush()  # what a restart does to them
+    with pytest.raises(IndexUnavailable, match="lost its scripts"):
+        await index.batch([Op("commit", ("r", [0], [5])), Op("release", ("other",))])
+    assert await index.batch([Op("commit", ("r", [1], [6])), Op("release", ("other",))]) == [None, False]
+    assert (await index.get("r")).order == [1]
 
 
 async def test_orphans_are_the_records_whose_owner_lease_lapsed(index):

@@ -31,7 +31,7 @@ from services.orchestrator.api.frontend import Adopted
 from services.orchestrator.cluster.index_writer import IndexWriter, Write
 from services.orchestrator.cluster.reserver import Reserver
 from services.orchestrator.engine.scheduler import EngineRequest, LedgerAdmission, Unavailable
-from services.serving.cache_index import CacheIndex, IndexEntry, copy_entry
+from services.serving.cache_index import CacheIndex, IndexEntry, Op, copy_entry
 from services.serving.indexes import make_index
 
 
@@ -103,7 +103,7 @@ class IndexAdmission(LedgerAdmission):
         entry.order, entry.token_ids = list(req.order), req.tokens[req.order].tolist()  # a resumed request has some
         entry.committed_len, entry.streamed, entry.snapshot = len(req.order), req.emitted, snapshot(req)
         record = self.records[req.id] = Record(entry, er.tokens, chosen)
-        self.writer.push(req.id, whole(record))
+        self.writer.push(whole(record))
         self.wake()
 
     def progress(self, er: EngineRequest) -> None:
@@ -117,8 +117,8 @@ class IndexAdmission(LedgerAdmission):
         entry.order += new
         entry.token_ids += ids
         entry.committed_len += len(new)
-        entry.snapshot, entry.streamed = blob, streamed = snapshot(req), req.emitted
-        self.writer.push(req.id, lambda index: index.commit(req.id, new, ids, blob, streamed))
+        entry.snapshot, entry.streamed = snapshot(req), req.emitted
+        self.writer.push(Write(req.id, [Op("commit", (req.id, new, ids, entry.snapshot, entry.streamed))]))
 
     def follow(self, record: Record) -> None:
         """A request the hosts moved off a lost replica: the record follows it, with its reservations."""
@@ -127,24 +127,19 @@ class IndexAdmission(LedgerAdmission):
             return
         record.placed = dict(now)
         record.entry.drafter, record.entry.guider = now.get("drafter"), now.get("guider")
-        self.writer.push(record.entry.request_id, whole(record))
+        self.writer.push(whole(record))
 
     def release(self, er: EngineRequest) -> None:
         rid = er.req.id
         super().release(er)
         if self.records.pop(rid, None) is not None:
-            self.writer.push(rid, self.released(rid))
+            self.writer.push(self.released(rid))
         elif self.refusals.pop(rid, None) is None:
             self.reserver.withdraw(er)
 
     def released(self, request_id: str) -> Write:
         """Its release, after which the reserver tries again at once: the index has room now."""
-
-        async def write(index: CacheIndex) -> None:
-            await index.release(request_id)
-            self.reserver.room()
-
-        return write
+        return Write(request_id, [Op("release", (request_id,))], self.reserver.room)
 
     async def adopt(self, request_id: str) -> Adopted:
         """Take over a request from its record: KeyError when the index has none (it ended, or expired), OwnerAlive
@@ -156,10 +151,10 @@ class IndexAdmission(LedgerAdmission):
         self.holders[request_id] = holders  # the reserver places it back on them while they live
         return Adopted(restore(entry.snapshot), entry.strategy, entry.params, holders)
 
-    def restore(self, changed: set[str]) -> list[tuple[str, Write]]:
+    def restore(self, changed: set[str]) -> list[Write]:
         """Writes that bring an index that lost anything back to this copy."""
-        ended = [(rid, self.released(rid)) for rid in changed if rid not in self.records]
-        return ended + [(rid, whole(record)) for rid, record in self.records.items()]
+        ended = [self.released(rid) for rid in changed if rid not in self.records]
+        return ended + [whole(record) for record in self.records.values()]
 
 
 def snapshot(req: Request) -> bytes:
@@ -177,13 +172,9 @@ def restore(blob: bytes) -> Request:
 def whole(record: Record) -> Write:
     """A write that replaces whatever the index holds for the request with the record: entry and reservations, which
     move to its replicas in one step (no other orchestrator sees them free in between)."""
-    entry, tokens, replicas = copy_entry(record.entry), record.tokens, record.replicas
-
-    async def write(index: CacheIndex) -> None:
-        await index.put(entry)
-        await index.place(entry.request_id, [[replica] for replica in replicas], tokens, None)
-
-    return write
+    entry, rid = copy_entry(record.entry), record.entry.request_id
+    place = Op("place", (rid, [[replica] for replica in record.replicas], record.tokens, None))
+    return Write(rid, [Op("put", (entry,)), place])
 
 
 def local_admission(placement: Placement, serving, owner: str) -> IndexAdmission:

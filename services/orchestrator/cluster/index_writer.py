@@ -1,26 +1,37 @@
 """The cache index kept current from one asyncio task, so that no step waits on Redis; and the orchestrator's lease.
 
-The admission decides from its own copy and queues each change as a write; the writer applies them in order, and
-renews the orchestrator's lease every third of its length, busy or idle: while it lives, no other orchestrator adopts
-this one's requests (admission.py), so a lease only lapses when the orchestrator is gone or cut off from Redis. When
-the index cannot be reached it is down: the writer keeps no writes, only which requests changed, pings with backoff
-until the index answers, then writes every live request whole again (Redis may have restarted empty) and releases
-the requests that ended meanwhile. A commit refused because the entry is gone (a restart between two writes) does
-the same.
+The admission decides from its own copy and queues each change as a write; the writer applies them in order, every write
+queued when it goes in one batch (one round trip, however many requests committed that round), and renews the
+orchestrator's lease every third of its length, busy or idle: while it lives, no other orchestrator adopts this one's
+requests (admission.py), so a lease only lapses when the orchestrator is gone or cut off from Redis. When the index
+cannot be reached it is down: the writer keeps no writes, only which requests changed, pings with backoff until the
+index answers, then writes every live request whole again (Redis may have restarted empty) and releases the requests
+that ended meanwhile. A commit refused because the entry is gone (a restart between two writes) does the same.
 """
 
 import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
 
-from services.serving.cache_index import CacheIndex, IndexUnavailable
+from services.serving.cache_index import CacheIndex, IndexUnavailable, Op
 
 log = logging.getLogger(__name__)
 
-Write = Callable[[CacheIndex], Awaitable[object]]
-Restore = Callable[[set[str]], list[tuple[str, Write]]]  # changed request ids -> writes that restore the index
+
+@dataclass(slots=True)
+class Write:
+    """A change to one request's record: the index's operations, run in order, and what to do once all landed."""
+
+    request_id: str
+    ops: list[Op]
+    landed: Callable[[], None] | None = None
+
+
+Restore = Callable[[set[str]], list[Write]]  # changed request ids -> writes that restore the index
 
 RETRY_S = (0.05, 1.0)  # first and longest wait between pings while the index is down
 
@@ -31,7 +42,7 @@ class IndexWriter:
 
     def __init__(self, index: CacheIndex, restore: Restore, owner: str, lease_s: float):
         self.index, self.restore, self.owner, self.lease_s = index, restore, owner, lease_s
-        self.queue: deque[tuple[str, Write]] = deque()  # (request id, write), in order
+        self.queue: deque[Write] = deque()  # in order
         self.changed: set[str] = set()  # requests changed while down
         self.down: str | None = None  # why, while the index cannot be reached
         self.wake = asyncio.Event()
@@ -53,11 +64,11 @@ class IndexWriter:
         if self.task is not None:
             await self.task
 
-    def push(self, request_id: str, write: Write) -> None:
+    def push(self, write: Write) -> None:
         if self.down is not None:
-            self.changed.add(request_id)
+            self.changed.add(write.request_id)
             return
-        self.queue.append((request_id, write))
+        self.queue.append(write)
         self.wake.set()
 
     async def renew(self) -> None:
@@ -78,24 +89,25 @@ class IndexWriter:
                 await self.reconnect()
 
     async def flush(self) -> None:
-        """Apply every queued write, renewing the lease whenever it is due; IndexUnavailable when the index cannot be
-        reached."""
+        """Apply every queued write, those queued by then in one batch, renewing the lease whenever it is due;
+        IndexUnavailable when the index cannot be reached (the batch's writes stay queued for `fail`)."""
         while True:
             if not self.renewal_due():
                 await self.renew()
             if not self.queue:
                 return
-            request_id, write = self.queue[0]
-            try:
-                await write(self.index)
-            except KeyError:
-                self.recover()  # the index lost the entry: write everything again
-                continue
-            except IndexUnavailable:
-                raise
-            except Exception:  # a bad write is dropped rather than retried forever
-                log.exception("cache index write for %s failed", request_id)
-            self.queue.popleft()
+            batch = list(self.queue)
+            results = iter(await self.index.batch([op for write in batch for op in write.ops]))
+            for write in batch:
+                errors = [r for r in islice(results, len(write.ops)) if isinstance(r, Exception)]
+                if any(isinstance(e, KeyError) for e in errors):
+                    self.recover()  # the index lost the entry: write everything again, this write on
+                    break
+                if errors:  # a bad write is dropped rather than retried forever
+                    log.error("cache index write for %s failed", write.request_id, exc_info=errors[0])
+                elif write.landed is not None:
+                    write.landed()
+                self.queue.popleft()
 
     async def idle(self) -> None:
         """Until a write is queued or the lease is due (its renewal tells new requests that the index is down)."""
@@ -112,7 +124,7 @@ class IndexWriter:
         if self.down is None:
             log.warning("%s", error)
         self.down = str(error)
-        self.changed |= {rid for rid, _ in self.queue}
+        self.changed |= {write.request_id for write in self.queue}
         self.queue.clear()
 
     async def reconnect(self) -> None:
@@ -130,7 +142,7 @@ class IndexWriter:
             return
 
     def recover(self) -> None:
-        changed = self.changed | {rid for rid, _ in self.queue}
+        changed = self.changed | {write.request_id for write in self.queue}
         self.queue = deque(self.restore(changed))
         self.changed.clear()
         self.down = None
