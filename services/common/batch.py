@@ -51,9 +51,10 @@ class Item:
     rest: DynamicCache | None = None  # where given, receives the KV of the new tokens past keep
 
 
-def segments(items: list[Item], causal: bool = True, device: torch.device | str = "cpu") -> list[Segment]:
-    """Where each item's new tokens sit in the packed row, and what they see: a mask [q_i, L_i + q_i], or none where
-    SDPA's own cases say it (every key; causal without a past)."""
+def segments(items: list[Item], causal: bool, like: torch.Tensor) -> list[Segment]:
+    """Where each item's new tokens sit in the packed row, and what they see: a mask [q_i, L_i + q_i] added to the
+    scores (0 or -inf, in like's dtype and on its device, made once for every layer), or none where SDPA's own cases
+    say it (every key; causal without a past)."""
     out, row = [], 0
     for item in items:
         past, n = cache_len(item.cache), len(item.input_ids)
@@ -65,7 +66,8 @@ def segments(items: list[Item], causal: bool = True, device: torch.device | str 
             if item.groups is not None:
                 g = item.groups
                 new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
-            mask = torch.cat([torch.ones(n, past, dtype=torch.bool), new], dim=1).to(device)
+            hidden = torch.cat([torch.zeros(n, past, dtype=torch.bool), ~new], dim=1)
+            mask = torch.zeros(hidden.shape, dtype=like.dtype).masked_fill_(hidden, float("-inf")).to(like.device)
         out.append(Segment(item.cache, slice(row, row + n), mask, item.keep, item.rest, causal and past == 0))
         row += n
     return out
@@ -79,7 +81,7 @@ def forward(model: Decoder, items: list[Item]) -> list[torch.Tensor]:
     ids = torch.tensor([t for item in items for t in item.input_ids], device=device)  # [Q]
     pos = torch.tensor([p for item in items for p in item.position_ids], device=device)
     hidden = model.embedding[ids]  # [Q, H]
-    segs = segments(items, model.causal, device)
+    segs = segments(items, model.causal, model.embedding)
     for item, seg in zip(items, segs, strict=True):
         if item.embeds is not None:
             hidden[seg.new] = item.embeds

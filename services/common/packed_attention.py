@@ -20,7 +20,7 @@ from services.common.kv import layer_kv, set_layer
 class Segment:
     cache: DynamicCache  # the request's past; takes the KV of its first `keep` new tokens
     new: slice  # its queries, keys and values in the packed row
-    mask: torch.Tensor | None  # [q_i, L_i + q_i] bool, True = attend; None: as `causal` says
+    mask: torch.Tensor | None  # [q_i, L_i + q_i] added to the scores: 0 = attend, -inf = not; None: as `causal` says
     keep: int
     rest: DynamicCache | None = None  # where given, takes the KV of its new tokens past keep
     causal: bool = False  # without a mask: causal over its new tokens (no past), else every key seen

@@ -42,7 +42,8 @@ def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_
         cache = DynamicCache()
         if k.shape[2]:
             cache.update(k, v, 0)
-        segments.append(Segment(cache, slice(row, row + n), mask, keep, DynamicCache()))
+        scores = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # added to the scores
+        segments.append(Segment(cache, slice(row, row + n), scores, keep, DynamicCache()))
         row += n
     query = torch.randn(row, HEADS, DIM)
     key, value = torch.randn(row, KV_HEADS, DIM), torch.randn(row, KV_HEADS, DIM)
