@@ -73,7 +73,8 @@ def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int, t
     target_probs, target = probs.max(-1)
     draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
     positions = torch.arange(start, start + len(draft))
-    out = Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)
+    topk = target[:, None] if top_k == 1 else probs.topk(top_k, -1).indices  # the top 1 is the first maximum
+    out = Verdict(positions, draft, target, topk, draft_probs, target_probs)
     if top_n is not None:
         logp = torch.log_softmax(logits.float(), -1)
         out.logprobs = token_logprobs(logp, draft, top_n, verified=True)
