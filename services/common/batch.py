@@ -68,7 +68,8 @@ def segments(items: list[Item], causal: bool, like: torch.Tensor) -> list[Segmen
                 new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
             hidden = torch.cat([torch.zeros(n, past, dtype=torch.bool), ~new], dim=1)
             mask = torch.zeros(hidden.shape, dtype=like.dtype).masked_fill_(hidden, float("-inf")).to(like.device)
-        out.append(Segment(item.cache, slice(row, row + n), mask, item.keep, item.rest, causal and past == 0))
+        plain_causal = mask is None and causal and past == 0
+        out.append(Segment(item.cache, slice(row, row + n), mask, item.keep, item.rest, plain_causal))
         row += n
     return out
 

@@ -95,8 +95,8 @@ def test_an_uncached_forward_equals_transformers(family, causal):
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 def test_a_packed_forward_over_caches_equals_transformers_request_by_request(family, causal):
     """Three requests in one packed row: one over a cache of out-of-order positions with groups, keep and rest; one
-    without a cache; one over a cache with input embeddings and a wanted slice. Each one's logits and KV are those
-    of transformers' cached forward of that request alone."""
+    without a cache, with groups; one over a cache with input embeddings and a wanted slice. Each one's logits and KV
+    are those of transformers' cached forward of that request alone."""
     model = model_of(family, causal, seed=1)
     lean = lean_model(model)
     torch.manual_seed(2)
@@ -110,7 +110,7 @@ def test_a_packed_forward_over_caches_equals_transformers_request_by_request(fam
     embeds = torch.randn(4, model.config.hidden_size)
     items = [
         Item(lean_cache(lean, *pasts[0]), tokens[15:22], [6, 7, 8, 9, 10, 11, 12], 2, groups, rest=DynamicCache()),
-        Item(lean_cache(lean, *pasts[1]), tokens[22:27], [0, 1, 2, 3, 4], 5),
+        Item(lean_cache(lean, *pasts[1]), tokens[22:27], [0, 1, 2, 3, 4], 5, torch.tensor([-1, 0, 0, 1, 1])),
         Item(lean_cache(lean, *pasts[2]), tokens[27:31], [9, 10, 11, 12], 3, embeds=embeds, wanted=slice(1, 3)),
     ]
     references = [transformers_forward(model, past, item, causal) for past, item in zip(pasts, items, strict=True)]
