@@ -20,7 +20,7 @@ def lean_model(model: PreTrainedModel) -> LeanModel:
     check(model)
     base, cfg = model.base_model, model.config
     attn = base.layers[0].self_attn
-    cos, sin = rotary_tables(*rotary(model))
+    cos, sin = rotary_tables(*transformers_rotary(model))
     return LeanModel(
         embedding=base.embed_tokens.weight,
         layers=tuple(layer_of(decoder) for decoder in base.layers),
@@ -52,7 +52,7 @@ def check(model: PreTrainedModel) -> None:
         raise ValueError("the lean decoder scales attention by head_dim ** -0.5")
 
 
-def rotary(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
+def transformers_rotary(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' own cos, sin [P, D] for positions 0 .. max_position_embeddings - 1, in the model's dtype."""
     weight = model.base_model.embed_tokens.weight
     positions = torch.arange(model.config.max_position_embeddings, device=weight.device)[None]

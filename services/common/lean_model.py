@@ -2,7 +2,8 @@
 read once at load (lean_load.py), fused where one matmul does the work of several (q, k and v; gate and up), and a
 forward of plain tensor ops (lean_ops.py) over a packed row of tokens, attention per request (packed_attention.py).
 No module stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, element for
-element, so its logits are transformers' within float tolerance (tests/common/test_lean_model.py).
+element, so its logits are transformers' within float tolerance (tests/common/test_lean_model.py, test_lean_ops.py,
+test_lean_load.py).
 
 Shapes: Q tokens in the packed row, H hidden, Hq query heads and Hkv KV heads of D, I the MLP's width, V the
 vocabulary, P the positions the rotary tables cover.

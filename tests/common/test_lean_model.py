@@ -136,11 +136,3 @@ def test_bfloat16_logits_are_transformers():
     got = forward(lean_model(model), [Item(DynamicCache(), ids, list(range(len(ids))), len(ids))])[0]
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
-
-
-def test_what_it_does_not_compute_is_refused():
-    sliding = Qwen2Config(**qwen3_kwargs(V), use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    with pytest.raises(ValueError, match="sliding"):
-        lean_model(Qwen2ForCausalLM(sliding))
-    with pytest.raises(ValueError, match="MLP"):
-        lean_model(LlamaForCausalLM(LlamaConfig(**qwen3_kwargs(V), mlp_bias=True)))

@@ -1,13 +1,12 @@
 """The lean decoder's ops give transformers' modules' results bit for bit (tokens do not move with the change of
-forward): RMSNorm over the hidden size and per head, rotary from the precomputed tables, the fused projections."""
+forward): RMSNorm over the hidden size and per head, rotary from the precomputed tables."""
 
 import pytest
 import torch
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
-from services.common.lean_load import fuse
-from services.common.lean_ops import rms_norm, rotary, rotary_tables, swiglu
+from services.common.lean_ops import rms_norm, rotary, rotary_tables
 
 HEADS, D = 6, 64
 
@@ -34,15 +33,3 @@ def test_rotary_from_the_tables_is_transformers_rotary():
     table_cos, table_sin = rotary_tables(*(t[0] for t in rope(x, torch.arange(512)[None])))
     got = rotary(x, table_cos[positions][:, None], table_sin[positions][:, None])
     assert torch.equal(got, expected[0].transpose(0, 1))
-
-
-def test_fused_projections_give_each_module_its_own_output_and_share_its_weights():
-    torch.manual_seed(0)
-    gate, up = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 96, bias=False)
-    x = torch.randn(11, 64)
-    with torch.no_grad():
-        expected = torch.nn.functional.silu(gate(x)) * up(x)
-        fused = fuse([gate, up])
-        assert torch.equal(swiglu(torch.nn.functional.linear(x, fused)), expected)
-    assert gate.weight.data_ptr() == fused.data_ptr()  # one copy of the weights
-    assert up.weight.data_ptr() == fused[96:].data_ptr()
