@@ -52,26 +52,32 @@ class Item:
 
 
 def segments(items: list[Item], causal: bool, like: torch.Tensor) -> list[Segment]:
-    """Where each item's new tokens sit in the packed row, and what they see: a mask [q_i, L_i + q_i] added to the
-    scores (0 or -inf, in like's dtype and on its device, made once for every layer), or none where SDPA's own cases
-    say it (every key; causal without a past)."""
+    """Where each item's new tokens sit in the packed row, and what they see."""
     out, row = [], 0
     for item in items:
         past, n = cache_len(item.cache), len(item.input_ids)
-        mask = None
-        if item.groups is not None or (causal and past > 0 and n > 1):
-            new = torch.ones(n, n, dtype=torch.bool)
-            if causal:
-                new = new.tril()
-            if item.groups is not None:
-                g = item.groups
-                new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
-            hidden = torch.cat([torch.zeros(n, past, dtype=torch.bool), ~new], dim=1)
-            mask = torch.zeros(hidden.shape, dtype=like.dtype).masked_fill_(hidden, float("-inf")).to(like.device)
+        mask = mask_of(item.groups, past, n, causal, like)
         plain_causal = mask is None and causal and past == 0
         out.append(Segment(item.cache, slice(row, row + n), mask, item.keep, item.rest, plain_causal))
         row += n
     return out
+
+
+def mask_of(groups: torch.Tensor | None, past: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor | None:
+    """What n new tokens after a past of `past` see: a mask [n, past + n] added to the scores (0 or -inf, in like's
+    dtype and on its device, made once for every layer), or None where SDPA's own cases say it (every key; causal
+    without a past)."""
+    if groups is None:
+        if not causal or past == 0 or n == 1:
+            return None
+        # causal after the past: query i sees keys up to past + i
+        return torch.full((n, past + n), float("-inf"), dtype=like.dtype, device=like.device).triu(past + 1)
+    new = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        new = new.tril()
+    new &= (groups[:, None] == groups[None, :]) | (groups[None, :] == -1)
+    hidden = torch.cat([torch.zeros(n, past, dtype=torch.bool), ~new], dim=1)
+    return torch.zeros(hidden.shape, dtype=like.dtype).masked_fill_(hidden, float("-inf")).to(like.device)
 
 
 @torch.inference_mode()
@@ -87,10 +93,12 @@ def forward(model: Decoder, items: list[Item]) -> list[torch.Tensor]:
         if item.embeds is not None:
             hidden[seg.new] = item.embeds
     hidden = model.decode(hidden, pos, segs)
-    rows = [hidden[seg.new] for seg in segs]
-    wanted = [h if item.wanted is None else h[item.wanted] for h, item in zip(rows, items, strict=True)]
-    logits = model.logits(torch.cat(wanted) if len(wanted) > 1 else wanted[0])
-    return list(logits.split([len(w) for w in wanted]))
+    rows = [
+        range(seg.new.start, seg.new.stop)[item.wanted or slice(None)] for item, seg in zip(items, segs, strict=True)
+    ]
+    index = torch.tensor([r for w in rows for r in w], dtype=torch.long, device=device)
+    logits = model.logits(hidden[index])  # the wanted rows only
+    return list(logits.split([len(w) for w in rows]))
 
 
 def count_flops(model: Decoder, items: list[Item]) -> None:
