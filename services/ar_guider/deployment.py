@@ -18,4 +18,4 @@ class GuiderDeployment(ReplicaHost, GuiderHost):
         self.start_replica(cfg.serving.kv_budget_tokens)
 
     def check_health(self) -> None:
-        torch.ones(1, device=self.guider.model.device).add_(1)
+        torch.ones(1, device=self.guider.decoder.device).add_(1)

@@ -37,7 +37,7 @@ def new_cache() -> GuiderCache:
 class Guider:
     def __init__(self, loaded: LoadedModel, kv: KVManager):
         self.loaded = loaded
-        self.model = loaded.model
+        self.decoder = loaded.decoder
         self.kv = kv
 
     def item(self, req: Request, start: int, draft: torch.Tensor) -> Item:
@@ -54,7 +54,7 @@ class Guider:
 
     def forward_batch(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
         """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M."""
-        logits = forward(self.model, [self.item(*call) for call in calls])
+        logits = forward(self.decoder, [self.item(*call) for call in calls])
         return [never_mask(out, req.mask_id) for out, (req, _, _) in zip(logits, calls, strict=True)]
 
     def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Verdict]:
@@ -73,7 +73,8 @@ def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int, t
     target_probs, target = probs.max(-1)
     draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
     positions = torch.arange(start, start + len(draft))
-    out = Verdict(positions, draft, target, probs.topk(top_k, -1).indices, draft_probs, target_probs)
+    topk = target[:, None] if top_k == 1 else probs.topk(top_k, -1).indices  # the top 1 is the first maximum
+    out = Verdict(positions, draft, target, topk, draft_probs, target_probs)
     if top_n is not None:
         logp = torch.log_softmax(logits.float(), -1)
         out.logprobs = token_logprobs(logp, draft, top_n, verified=True)

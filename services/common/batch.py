@@ -4,18 +4,39 @@ Per request i: past cache of L_i tokens, new tokens q_i, the first keep_i of whi
 Packed layout, without padding: one row holding every request's new tokens one after another (Q = sum q_i). The
 linear layers, most of the work, then run on sum q_i tokens, not B * max q_i; attention runs per request
 (packed_attention.py), each request's tokens seeing only its own cache and its own new tokens, and writes each cache.
-New tokens see each other causally, or both ways where the model is bidirectional (config.is_causal False, as on
-B = 1); groups, where given, isolate spans from each other.
+New tokens see each other causally, or both ways where the model is bidirectional (decoder.causal False); groups,
+where given, isolate spans from each other. One request is a packed row of one.
 """
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from services.common import flops
-from services.common.kv import append, cache_len, truncate
+from services.common.kv import cache_len
 from services.common.packed_attention import Segment
+
+
+class Decoder(Protocol):
+    """A host's model as its forwards run it: lean_model.LeanModel, or a test's scripted model."""
+
+    embedding: torch.Tensor  # [V, H] input embeddings
+    causal: bool
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def decode(self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        """hidden [Q, H] at positions [Q] -> last hidden states [Q, H], writing each segment's cache."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, H] rows of decode's output -> float32 logits [R, V]."""
+        ...
+
+    def flops(self, tokens: int, attended: int, rows: int) -> int: ...
 
 
 @dataclass(slots=True)
@@ -30,81 +51,59 @@ class Item:
     rest: DynamicCache | None = None  # where given, receives the KV of the new tokens past keep
 
 
-def segments(items: list[Item], causal: bool = True, device: torch.device | str = "cpu") -> list[Segment]:
-    """Where each item's new tokens sit in the packed row, and what they see: [q_i, L_i + q_i]."""
+def segments(items: list[Item], causal: bool, like: torch.Tensor) -> list[Segment]:
+    """Where each item's new tokens sit in the packed row, and what they see."""
     out, row = [], 0
     for item in items:
         past, n = cache_len(item.cache), len(item.input_ids)
-        new = torch.ones(n, n, dtype=torch.bool)
-        if causal:
-            new = new.tril()
-        if item.groups is not None:
-            g = item.groups
-            new &= (g[:, None] == g[None, :]) | (g[None, :] == -1)
-        mask = torch.cat([torch.ones(n, past, dtype=torch.bool), new], dim=1)
-        out.append(Segment(item.cache, slice(row, row + n), mask.to(device), item.keep, item.rest))
+        mask = mask_of(item.groups, past, n, causal, like)
+        plain_causal = mask is None and causal and past == 0
+        out.append(Segment(item.cache, slice(row, row + n), mask, item.keep, item.rest, plain_causal))
         row += n
     return out
 
 
+def mask_of(groups: torch.Tensor | None, past: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor | None:
+    """What n new tokens after a past of `past` see: a mask [n, past + n] added to the scores (0 or -inf, in like's
+    dtype and on its device, made once for every layer), or None where SDPA's own cases say it (every key; causal
+    without a past)."""
+    if groups is None:
+        if not causal or past == 0 or n == 1:
+            return None
+        # causal after the past: query i sees keys up to past + i
+        return torch.full((n, past + n), float("-inf"), dtype=like.dtype, device=like.device).triu(past + 1)
+    new = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        new = new.tril()
+    new &= (groups[:, None] == groups[None, :]) | (groups[None, :] == -1)
+    hidden = torch.cat([torch.zeros(n, past, dtype=torch.bool), ~new], dim=1)
+    return torch.zeros(hidden.shape, dtype=like.dtype).masked_fill_(hidden, float("-inf")).to(like.device)
+
+
 @torch.inference_mode()
-def forward(model: PreTrainedModel, items: list[Item]) -> list[torch.Tensor]:
+def forward(model: Decoder, items: list[Item]) -> list[torch.Tensor]:
     """Run every item's new tokens after its own cache -> per item logits [len(wanted), V] (float32)."""
-    device = model.device
-    if len(items) == 1 and items[0].groups is None:
-        return [forward_one(model, items[0])]
     count_flops(model, items)
-    ids = torch.tensor([t for item in items for t in item.input_ids], device=device)[None]  # [1, Q]
-    pos = torch.tensor([p for item in items for p in item.position_ids], device=device)[None]
-    embeds = model.get_input_embeddings()(ids)  # [1, Q, H]
-    segs = segments(items, getattr(model.config, "is_causal", True), device)
+    device = model.device
+    ids = torch.tensor([t for item in items for t in item.input_ids], device=device)  # [Q]
+    pos = torch.tensor([p for item in items for p in item.position_ids], device=device)
+    hidden = model.embedding[ids]  # [Q, H]
+    segs = segments(items, model.causal, model.embedding)
     for item, seg in zip(items, segs, strict=True):
         if item.embeds is not None:
-            embeds[0, seg.new] = item.embeds
-    q = ids.shape[1]
-    out = model.base_model(
-        inputs_embeds=embeds,
-        position_ids=pos,
-        # The masks are the segments'; this all-True [1, 1, Q, Q] view only tells transformers a mask is prepared.
-        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device).expand(1, 1, q, q),
-        use_cache=False,  # packed_sdpa writes each item's own cache
-        segments=segs,
-    )
-    hidden = [out.last_hidden_state[0, seg.new] for seg in segs]
-    return head(model, hidden, items)
+            hidden[seg.new] = item.embeds
+    hidden = model.decode(hidden, pos, segs)
+    rows = [
+        range(seg.new.start, seg.new.stop)[item.wanted or slice(None)] for item, seg in zip(items, segs, strict=True)
+    ]
+    index = torch.tensor([r for w in rows for r in w], dtype=torch.long, device=device)
+    logits = model.logits(hidden[index])  # the wanted rows only
+    return list(logits.split([len(w) for w in rows]))
 
 
-def forward_one(model: PreTrainedModel, item: Item) -> torch.Tensor:
-    count_flops(model, [item])
-    device, past = model.device, cache_len(item.cache)
-    n = len(item.input_ids)
-    if item.embeds is None:
-        inputs = {"input_ids": torch.tensor(item.input_ids, device=device)[None]}
-    else:
-        inputs = {"inputs_embeds": item.embeds[None]}
-    out = model.base_model(
-        **inputs,
-        position_ids=torch.tensor(item.position_ids, device=device)[None],
-        attention_mask=torch.ones(1, past + n, dtype=torch.long, device=device),
-        past_key_values=item.cache,
-        use_cache=True,
-    )
-    if item.rest is not None:
-        append(item.rest, item.cache, slice(past + item.keep, past + n))
-    truncate(item.cache, past + item.keep)
-    return head(model, [out.last_hidden_state[0]], [item])[0]
-
-
-def count_flops(model: PreTrainedModel, items: list[Item]) -> None:
+def count_flops(model: Decoder, items: list[Item]) -> None:
     """Before the forward, while each cache holds only its past."""
     tokens = [len(item.input_ids) for item in items]
     attended = sum(q * (cache_len(item.cache) + q) for q, item in zip(tokens, items, strict=True))
     rows = sum(q if item.wanted is None else len(range(q)[item.wanted]) for q, item in zip(tokens, items, strict=True))
-    flops.add(flops.forward_flops(model, sum(tokens), attended, rows), sum(tokens))
-
-
-def head(model: PreTrainedModel, hidden: list[torch.Tensor], items: list[Item]) -> list[torch.Tensor]:
-    """The vocabulary head over each item's wanted hidden states (of its [q_i, H]), in one matmul -> logits."""
-    wanted = [h if item.wanted is None else h[item.wanted] for h, item in zip(hidden, items, strict=True)]
-    logits = model.get_output_embeddings()(torch.cat(wanted)).float()
-    return list(logits.split([len(w) for w in wanted]))
+    flops.add(model.flops(sum(tokens), attended, rows), sum(tokens))

@@ -4,11 +4,6 @@ import torch
 from transformers import DynamicCache
 
 
-def head_dim(config) -> int:
-    """The size of one attention head's key and value vectors, from a model's config."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def cache_len(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 

@@ -7,7 +7,8 @@ import torch
 from transformers import PreTrainedModel
 
 from services.common import checkpoints
-from services.common.packed_attention import PACKED_SDPA
+from services.common.batch import Decoder
+from services.common.lean_load import lean_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -27,12 +28,13 @@ class ModelMeta:
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: PreTrainedModel
+    model: PreTrainedModel  # transformers' modules: training-side evaluation, tests
     meta: ModelMeta
+    decoder: Decoder  # what the hosts' forwards run (batch.py): the lean decoder over the model's weights
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self.decoder.device
 
     @property
     def path(self) -> str:
@@ -78,13 +80,11 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32") -> Loaded
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     meta = load_meta(path)
-    # Every forward on every device runs packed_sdpa: flash-attn's varlen path would read a packed row's requests as
-    # one sequence (it ignores the segments), and SDPA picks a fused kernel itself on CUDA.
-    model = checkpoints.load_causal_lm(path, DTYPES[dtype], PACKED_SDPA)
+    model = checkpoints.load_causal_lm(path, DTYPES[dtype], "sdpa")
     if meta.bidirectional:
         make_bidirectional(model)
     model.to(device).eval()
-    return LoadedModel(model, meta)
+    return LoadedModel(model, meta, lean_model(model))
 
 
 def make_bidirectional(model: PreTrainedModel) -> None:

@@ -1,33 +1,29 @@
 """Attention for packed forwards: each request's queries against its own cache and new keys only.
 
-A packed forward (batch.py) puts every request's new tokens one after another in one row and runs the model without
-a cache. Here, in each attention layer, each request's new keys and values follow its own cached ones, its queries
-attend to those through its own mask, and its cache takes the new tokens it keeps: the attention layer writes the
-cache, as a paged-attention backend does. One SDPA over the whole row with a block-diagonal mask would compute B^2
-blocks to keep B of them; packing every request's cache into one row and back cost a copy of each per layer.
-Forwards without segments (one request, training) run transformers' SDPA unchanged.
+A packed forward (batch.py) puts every request's new tokens one after another in one row. Here, in each attention
+layer, each request's new keys and values follow its own cached ones, its queries attend to those through its own
+mask, and its cache takes the new tokens it keeps: the attention layer writes the cache, as a paged-attention backend
+does. One SDPA over the whole row with a block-diagonal mask would compute B^2 blocks to keep B of them; packing
+every request's cache into one row and back cost a copy of each per layer.
 """
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import DynamicCache
 
 from services.common.kv import layer_kv, set_layer
-
-PACKED_SDPA = "packed_sdpa"
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
     cache: DynamicCache  # the request's past; takes the KV of its first `keep` new tokens
     new: slice  # its queries, keys and values in the packed row
-    mask: torch.Tensor  # [q_i, L_i + q_i] bool, True = attend
+    mask: torch.Tensor | None  # [q_i, L_i + q_i] added to the scores: 0 = attend, -inf = not; None: as `causal` says
     keep: int
     rest: DynamicCache | None = None  # where given, takes the KV of its new tokens past keep
+    causal: bool = False  # without a mask: causal over its new tokens (no past), else every key seen
 
 
 def extend(seg: Segment, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,30 +39,17 @@ def extend(seg: Segment, layer: int, key: torch.Tensor, value: torch.Tensor) -> 
     return key, value
 
 
-def packed_sdpa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    segments: list[Segment] | None = None,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """query [1, H, Q, D]; key, value [1, H_kv, Q, D], the new tokens' -> [1, Q, H, D], as transformers' attention
-    returns."""
-    if segments is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+def attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: list[Segment], layer: int, scale: float
+) -> torch.Tensor:
+    """query [Q, H, D]; key, value [Q, H_kv, D], the packed row's new tokens (rotary applied) -> [Q, H * D], each
+    segment's queries over its cache and its new keys (SDPA's grouped-query heads: no copy of the KV heads)."""
+    q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))  # [1, heads, Q, D] views
     outputs = []
     for seg in segments:
-        k, v = extend(seg, module.layer_idx, key[:, :, seg.new], value[:, :, seg.new])
-        outputs.append(
-            F.scaled_dot_product_attention(
-                query[:, :, seg.new], k, v, attn_mask=seg.mask, scale=scaling, enable_gqa=True
-            )
-        )
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(PACKED_SDPA, packed_sdpa)
-AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)  # masks of unpacked forwards: as for SDPA
+        ks, vs = extend(seg, layer, k[:, :, seg.new], v[:, :, seg.new])
+        out = F.scaled_dot_product_attention(
+            q[:, :, seg.new], ks, vs, attn_mask=seg.mask, is_causal=seg.causal, scale=scale, enable_gqa=True
+        )  # [1, H, q_i, D]
+        outputs.append(out[0].transpose(0, 1))  # [q_i, H, D]
+    return torch.cat(outputs).flatten(1)

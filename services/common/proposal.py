@@ -98,7 +98,7 @@ def propose_from_logits(
     ids = choose(logits, sampling, generator)
     logp = torch.log_softmax(logits, -1)
     probs = logp.gather(-1, ids[:, None]).squeeze(-1).exp()
-    entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    entropy = -(logp.exp() * logp).nansum(-1)  # 0 * -inf at the masked token: nan, skipped
     top_n = sampling.logprobs
     logprobs = token_logprobs(logp, ids, top_n, verified=False) if top_n is not None else None
     return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu(), logprobs)

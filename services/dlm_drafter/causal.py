@@ -67,7 +67,7 @@ class CausalDrafter:
         if loaded.meta.logits_shift or loaded.bidirectional:
             raise ValueError(f"drafter {loaded.path} is not a causal DLM (bidirectional or shifted logits)")
         self.loaded = loaded
-        self.model = loaded.model
+        self.decoder = loaded.decoder
         self.kv = kv
 
     def item(
@@ -106,7 +106,7 @@ class CausalDrafter:
         groups, when given, isolate spans from each other: each sees the cache and its own span, causally.
         """
         items, processed = zip(*[self.item(*call) for call in calls], strict=True)
-        return list(zip(forward(self.model, list(items)), processed, strict=True))
+        return list(zip(forward(self.decoder, list(items)), processed, strict=True))
 
     def propose_batch(self, calls: list[tuple[Request, Region, bool]]) -> list[tuple[Proposal, int]]:
         """Fill every masked position of each region; clean context and pending commits stand before the masks.
@@ -132,7 +132,7 @@ class CausalDrafter:
             reads.append((masked, head))
         proposals = []
         for (req, _, _), item, logits, (masked, head) in zip(
-            calls, items, forward(self.model, items), reads, strict=True
+            calls, items, forward(self.decoder, items), reads, strict=True
         ):
             rows = logits[len(logits) - len(masked) :]  # [len(masked), V]: the masks stand last
             if head is not None:

@@ -26,4 +26,4 @@ class DrafterDeployment(ReplicaHost, DrafterHost):
         drafter = self.causal or self.bidirectional
         if drafter is None:
             raise RuntimeError("no drafter model loaded")
-        torch.ones(1, device=drafter.model.device).add_(1)  # the device is usable
+        torch.ones(1, device=drafter.decoder.device).add_(1)  # the device is usable

@@ -13,7 +13,7 @@ def uncached(guider: Guider, req: Request, start: int, draft: torch.Tensor) -> t
     """Logits [M, V] predicting each draft position, from one forward over prompt + decided prefix + draft; the mask
     token is never an output."""
     seq = torch.tensor(req.prompt_ids + req.tokens[:start].tolist() + draft.tolist())[None]
-    logits = guider.model(input_ids=seq).logits[0].float()
+    logits = guider.loaded.model(input_ids=seq).logits[0].float()
     logits[:, req.mask_id] = float("-inf")
     return logits[len(seq[0]) - len(draft) - 1 : -1]
 

@@ -5,15 +5,17 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from services.common import flops
 from services.common.batch import Item, forward
+from services.common.lean_load import lean_model
+from services.common.lean_model import LeanModel
 from tests.tiny import qwen3_kwargs
 
 # tests/tiny.py's Qwen3: hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16, vocabulary 300
 H, MLP, LAYERS, HEADS, KV_HEADS, HEAD_DIM, V = 64, 128, 2, 4, 2, 16, 300
 
 
-def tiny() -> Qwen3ForCausalLM:
+def tiny() -> LeanModel:
     torch.manual_seed(0)
-    return Qwen3ForCausalLM(Qwen3Config(**qwen3_kwargs(V))).eval()
+    return lean_model(Qwen3ForCausalLM(Qwen3Config(**qwen3_kwargs(V))).eval())
 
 
 def hand_count(new: list[int], past: list[int], head_rows: int) -> int:

@@ -3,17 +3,17 @@ block-diagonal mask, and each request's cache takes the KV of the new tokens it 
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers import DynamicCache
 
-from services.common.packed_attention import Segment, packed_sdpa
+from services.common.packed_attention import Segment, attend
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
 
 
 def reference(query, key, value, pasts, sizes, masks) -> torch.Tensor:
     """The packed row's attention as one SDPA over [every past, every new key]: request i's queries see its past and
-    its new keys through its mask, nothing of any other request -> [1, Q, H, D]."""
+    its new keys through its mask, nothing of any other request. query [1, H, Q, D], key, value [1, H_kv, Q, D]
+    -> [Q, H * D]."""
     past_total, q = sum(p.shape[2] for p in pasts[0]), sum(sizes)
     full = torch.zeros(q, past_total + q, dtype=torch.bool)
     row, col = 0, 0
@@ -25,7 +25,7 @@ def reference(query, key, value, pasts, sizes, masks) -> torch.Tensor:
     groups = HEADS // KV_HEADS
     k = torch.cat([*pasts[0], key], dim=2).repeat_interleave(groups, dim=1)
     v = torch.cat([*pasts[1], value], dim=2).repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(query, k, v, attn_mask=full).transpose(1, 2)
+    return F.scaled_dot_product_attention(query, k, v, attn_mask=full)[0].transpose(0, 1).flatten(1)
 
 
 def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_first_keep():
@@ -42,17 +42,15 @@ def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_
         cache = DynamicCache()
         if k.shape[2]:
             cache.update(k, v, 0)
-        segments.append(Segment(cache, slice(row, row + n), mask, keep, DynamicCache()))
+        scores = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # added to the scores
+        segments.append(Segment(cache, slice(row, row + n), scores, keep, DynamicCache()))
         row += n
-    query = torch.randn(1, HEADS, row, DIM)
-    key, value = torch.randn(1, KV_HEADS, row, DIM), torch.randn(1, KV_HEADS, row, DIM)
-    layer = nn.Module()
-    layer.layer_idx = 0
-    out, _ = packed_sdpa(layer, query, key, value, None, segments=segments)
-    torch.testing.assert_close(
-        out, reference(query, key, value, (past_keys, past_values), sizes, masks), atol=1e-6, rtol=0
-    )
+    query = torch.randn(row, HEADS, DIM)
+    key, value = torch.randn(row, KV_HEADS, DIM), torch.randn(row, KV_HEADS, DIM)
+    out = attend(query, key, value, segments, 0, DIM**-0.5)
+    heads_first = [t.transpose(0, 1)[None] for t in (query, key, value)]
+    torch.testing.assert_close(out, reference(*heads_first, (past_keys, past_values), sizes, masks), atol=1e-6, rtol=0)
     for seg, past, keep in zip(segments, past_keys, keeps, strict=True):
-        new = key[:, :, seg.new]
+        new = heads_first[1][:, :, seg.new]
         assert torch.equal(seg.cache.layers[0].keys, torch.cat([past, new[:, :, :keep]], dim=2))
         assert torch.equal(seg.rest.layers[0].keys, new[:, :, keep:])

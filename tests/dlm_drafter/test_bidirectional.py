@@ -181,7 +181,7 @@ def test_batch_equals_one_by_one_per_cache_mode(tiny_zoo, cache):
 def test_batch_mixing_cache_modes_and_smoothing_equals_one_by_one(tiny_zoo, shift):
     """shift 1: the same weights read Dream-style (a block's logits come from the outputs one position earlier)."""
     loaded = load_model(tiny_zoo["drafter_bidirectional"])
-    loaded = LoadedModel(loaded.model, replace(loaded.meta, logits_shift=shift))
+    loaded = replace(loaded, meta=replace(loaded.meta, logits_shift=shift))
     assert_batch_equals_one_by_one(loaded, specs_for(list(CACHE_MODES)))
 
 

@@ -18,7 +18,7 @@ def uncached_logits(drafter: CausalDrafter, req: Request, ids: torch.Tensor, pos
     P = req.prompt_len
     seq = torch.tensor(req.prompt_ids + req.tokens[req.order].tolist() + ids.tolist())[None]
     pos = torch.tensor(list(range(P)) + [P + p for p in req.order] + (positions + P).tolist())[None]
-    out = drafter.model(input_ids=seq, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+    out = drafter.loaded.model(input_ids=seq, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
     return out.logits[0, -len(ids) :].float()
 
 
@@ -104,7 +104,7 @@ def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
     P = req.prompt_len
     seq = torch.tensor(req.prompt_ids + [40, 41, 42])[None]
     last = never_mask(
-        drafter.model(input_ids=seq, position_ids=torch.arange(P + 3)[None]).logits[0, -1].float(), mask_id
+        drafter.loaded.model(input_ids=seq, position_ids=torch.arange(P + 3)[None]).logits[0, -1].float(), mask_id
     )
     torch.testing.assert_close(head.logits[0], last, atol=1e-4, rtol=0)
     torch.testing.assert_close(head.logits[1:], uncached[1:], atol=1e-4, rtol=0)

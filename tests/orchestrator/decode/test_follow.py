@@ -31,9 +31,9 @@ class ShiftingLM(ScriptedLM):
         super().__init__(scripts[0], prompt_len, bidirectional)
         self.tables = [ScriptedLM(s, prompt_len).table for s in scripts]
 
-    def forward(self, *args, **kwargs):
+    def decode(self, *args):
         self.table = self.tables[min(len(self.inputs), len(self.tables) - 1)]
-        return super().forward(*args, **kwargs)
+        return super().decode(*args)
 
 
 Top1 = Callable[[int, int], int]  # (position, round) -> the drafter's top-1

@@ -132,7 +132,7 @@ def test_completing_slots_are_predicted_in_isolation():
     model = ScriptedLM(script, len(PROMPT))
     engine = scripted_engine({"drafter": model}, 16)
     assert engine.generate(PROMPT, "slot", SLOT).token_ids == TOKENS
-    infills = [segs[0].mask for ids, segs in model.calls if (ids == MASK).any() and segs is not None]
+    infills = [segs[0].mask == 0 for ids, segs in model.calls if (ids == MASK).any() and segs[0].mask is not None]
     assert infills, "completion re-predicts the slots in one forward with a per-slot attention mask"
     two_slots_together = infills[0]  # the request's [Q, past + Q]
     q = two_slots_together.shape[0]
@@ -221,7 +221,7 @@ def seen_by(model: ScriptedLM, forward: int, positions: set[int]) -> set[int]:
     inputs, cached = model.positions[forward]
     keys = [p - len(PROMPT) for p in cached + inputs]
     rows = [i for i, p in enumerate(inputs) if p - len(PROMPT) in positions]
-    return {keys[j] for i in rows for j in segments[0].mask[i].nonzero().squeeze(-1).tolist()}
+    return {keys[j] for i in rows for j in (segments[0].mask[i] == 0).nonzero().squeeze(-1).tolist()}
 
 
 @pytest.mark.parametrize("kv", ["reuse", "recompute"])

@@ -21,10 +21,9 @@ class EmbeddingsLM(ScriptedLM):
         super().__init__(*args, **kwargs)
         self.embeddings: list[torch.Tensor] = []
 
-    def forward(self, input_ids=None, inputs_embeds=None, **kwargs):
-        embeds = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)
-        self.embeddings.append(embeds[0].clone())
-        return super().forward(input_ids=input_ids, inputs_embeds=inputs_embeds, **kwargs)
+    def decode(self, hidden, positions, segments):
+        self.embeddings.append(hidden.clone())
+        return super().decode(hidden, positions, segments)
 
 
 def smoothed_inputs(canvas: torch.Tensor, k: int, lo: int) -> torch.Tensor:

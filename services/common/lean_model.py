@@ -1,0 +1,85 @@
+"""The hosts' decoder, in the spirit of nano-vllm's models/qwen3.py: a Qwen3 / Qwen2 / Llama causal LM's weights,
+read once at load (lean_load.py), fused where one matmul does the work of several (q, k and v; gate and up), and a
+forward of plain tensor ops (lean_ops.py) over a packed row of tokens, attention per request (packed_attention.py).
+No module stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, element for
+element, so its logits are transformers' within float tolerance (tests/common/test_lean_model.py, test_lean_ops.py,
+test_lean_load.py).
+
+Shapes: Q tokens in the packed row, H hidden, Hq query heads and Hkv KV heads of D, I the MLP's width, V the
+vocabulary, P the positions the rotary tables cover.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.common import flops
+from services.common.lean_ops import rms_norm, rotary, swiglu
+from services.common.packed_attention import Segment, attend
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    attn_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj stacked
+    qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2); None without
+    qk_norm: torch.Tensor | None  # [Hq + Hkv, D]: q_norm's weight on each query head, k_norm's on each KV head (Qwen3)
+    o: torch.Tensor  # [H, Hq D]
+    o_bias: torch.Tensor | None  # [H] (Llama with attention_bias)
+    mlp_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True, slots=True)
+class LeanModel:
+    embedding: torch.Tensor  # [V, H]
+    layers: tuple[Layer, ...]
+    norm: torch.Tensor  # [H], the final RMSNorm
+    head: torch.Tensor  # [V, H], the embedding itself when tied
+    cos: torch.Tensor  # [P, D] rotary tables (lean_ops.rotary_tables)
+    sin: torch.Tensor  # [P, D]
+    heads: int  # Hq
+    kv_heads: int  # Hkv
+    head_dim: int  # D
+    eps: float
+    causal: bool  # False: new tokens see each other both ways (bidirectional drafters)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.device
+
+    def decode(self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        """hidden [Q, H], the packed row's input embeddings at positions [Q] -> its last hidden states [Q, H],
+        before the final norm; each attention layer writes each segment's cache."""
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [Q, 1, D], shared by every layer
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(hidden, layer.attn_norm, self.eps)
+            hidden = hidden + self.attention(layer, index, x, cos, sin, segments)
+            x = rms_norm(hidden, layer.mlp_norm, self.eps)
+            hidden = hidden + F.linear(swiglu(F.linear(x, layer.gate_up)), layer.down)
+        return hidden
+
+    def attention(
+        self, layer: Layer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[Segment]
+    ) -> torch.Tensor:
+        """x [Q, H], normed -> the attention block's output [Q, H]."""
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [Q, (Hq + 2 Hkv) D]
+        heads, d = self.heads + self.kv_heads, self.head_dim
+        qk = qkv[:, : heads * d].unflatten(1, (heads, d))  # [Q, Hq + Hkv, D]: queries and keys, normed and rotated
+        if layer.qk_norm is not None:  # together
+            qk = rms_norm(qk, layer.qk_norm, self.eps)
+        qk = rotary(qk, cos, sin)
+        value = qkv[:, heads * d :].unflatten(1, (self.kv_heads, d))  # [Q, Hkv, D]
+        out = attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
+        return F.linear(out, layer.o, layer.o_bias)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [R, H], rows of decode's output -> float32 logits [R, V]."""
+        return F.linear(rms_norm(hidden, self.norm, self.eps), self.head).float()
+
+    def flops(self, tokens: int, attended: int, rows: int) -> int:
+        linear = sum(w.numel() for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        width = len(self.layers) * self.heads * self.head_dim
+        return flops.forward_flops(linear, width, self.head.numel(), tokens, attended, rows)

@@ -1,0 +1,37 @@
+"""The tensor ops of the lean decoder (lean_model.py), each equal element for element to what transformers' Qwen3 /
+Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] over its last dim, times weight (broadcast against x: [D], or [heads, D] for x [T, heads, D]).
+
+    As transformers' RMSNorm: normalised in float32, cast back to x's dtype, then times the weight. In float32 with
+    a [D] weight that is one fused op (F.rms_norm gives the same bits as the five-op form)."""
+    if x.dtype == torch.float32 and weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) * weight
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] at T positions whose tables are cos, sin [T, 1, D] -> x rotated, [T, heads, D].
+
+    transformers computes x cos + rotate_half(x) sin with rotate_half(x) = [-x2, x1] (x1, x2 the halves of D).
+    roll(x, D/2) is [x2, x1]; with sin's first half negated at load (rotary_tables) that is the same sum, term for
+    term: (-x2) s == x2 (-s) exactly."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I], the gate and up projections side by side -> silu(gate) * up, [T, I]."""
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate) * up
+
+
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' tables [P, D] (cos, sin of cat(freqs, freqs)) -> rotary()'s: cos, and sin with its first half
+    negated."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[:, :half], sin[:, half:]], -1)
