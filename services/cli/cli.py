@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben = sub.add_parser("bench", help="strategies vs the ar and mdm baselines on the same prompts")
     ben.add_argument("--strategies", default="threshold,guided,slot,streaming,pipeline")
     ben.add_argument("--max-new-tokens", type=int, default=64)
+    ben.add_argument(
+        "--repeats", type=int, default=1, help="with --strategies: the rows take turns N times, each keeps its median"
+    )
     ben.add_argument("--json", default=None, metavar="FILE")
     ben.add_argument("--plot", default=None, metavar="FILE", help="PNG: tokens/s against TPF, or against concurrency")
     ben.add_argument(

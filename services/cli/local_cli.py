@@ -132,7 +132,8 @@ def bench_local(args) -> int:
             if name not in STRATEGIES:
                 raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
         params = parse_sets(args.set)  # for every listed strategy; the baselines keep their own
-        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=dict.fromkeys(strategies, params))
+        per_strategy = dict.fromkeys(strategies, params)
+        rows = bench(engine, strategies, max_new_tokens=args.max_new_tokens, params=per_strategy, repeats=args.repeats)
     print(table(rows))
     if args.breakdown and args.concurrency:
         from services.cli.breakdown import tables

@@ -1,0 +1,38 @@
+"""dlm bench --strategies --repeats: the rows take turns, and each keeps its median run, so that the speedups weigh
+runs made at the same times."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from services.cli import bench as bench_module
+from services.cli.bench import BenchRow, bench
+
+ROWS = ["ar", "ar-drafter", "ar-guider", "mdm", "pipeline"]
+
+
+def test_rows_take_turns_and_each_keeps_its_median_run(monkeypatch):
+    ran = []
+    speeds = {
+        "ar": [10, 30, 20],
+        "ar-drafter": [5, 1, 3],
+        "ar-guider": [7, 7, 7],
+        "mdm": [1, 2, 3],
+        "pipeline": [9, 60, 30],
+    }
+
+    def run_strategy(engine, name, prompts, max_new_tokens, params, strategy=None):
+        ran.append(name)
+        return BenchRow(name, 0, 1.0, 1, 0, tokens_per_s=speeds[name][ran.count(name) - 1])
+
+    monkeypatch.setattr(bench_module, "run_strategy", run_strategy)
+    engine = SimpleNamespace(config=SimpleNamespace(models={"drafter": "d", "guider": "g"}), generate=lambda *a: None)
+    rows = bench(engine, ["pipeline"], repeats=3)
+    assert ran == ROWS * 3
+    assert [row.tokens_per_s for row in rows] == [20, 3, 7, 2, 30]
+    assert rows[-1].speedup_vs_ar_drafter == 10 and rows[-1].speedup_vs_ar == 1.5
+
+
+def test_repeats_below_one_are_refused():
+    with pytest.raises(ValueError, match="--repeats"):
+        bench(SimpleNamespace(), ["pipeline"], repeats=0)
