@@ -1,14 +1,15 @@
 """A no-op round trip through each way the orchestrator could call a replica: a Serve handle, a plain Ray actor call, a
 closure run on a Serve replica's own actor (`__ray_call__`), a Ray Compiled Graph channel (ray.dag InputNode +
 experimental_compile), a gRPC unary over loopback, and a Serve replica's channel (services/serving/channel.py, how
-the rounds' calls go). Each call carries a
-small payload (the size of a c=1 pipeline round's arguments) and is awaited on an event loop, as the orchestrator
-awaits its calls, before the next; milliseconds, median and p90 of CALLS calls after 20 warm-up calls.
+the rounds' calls go). Each call carries a small payload (the size of a c=1 pipeline round's
+arguments) and is awaited on an event loop, as the orchestrator awaits its calls, before the next; milliseconds,
+median and p90 of CALLS calls after 20 warm-up calls.
 `PYTHONPATH=. python scripts/transport_rtt.py [CALLS]`
 
-Ray 2.60, a shared 2-core CPU, 300 calls, 2 KiB, ms median / p90:
-Serve handle 4.02 / 9.92; Ray actor call 1.12 / 3.93; Serve replica's actor (__ray_call__) 1.50 / 5.09;
-compiled graph, one actor 0.119 / 0.183; compiled graph, 2 actors in a row 0.484 / 0.616; gRPC unary 0.222 / 0.383."""
+Ray 2.60, a shared 2-core CPU, 300 calls, 2 KiB, ms median / p90 (one run, 2026-11-26):
+Serve handle 4.90 / 8.57; Ray actor call 1.93 / 5.26; Serve replica's actor (__ray_call__, the rounds' transport
+before the channel) 2.54 / 6.00; compiled graph, one actor 0.345 / 0.421; compiled graph, 2 actors in a row
+0.302 / 0.369; gRPC unary 0.290 / 0.416; Serve replica's channel 0.040 / 0.054."""
 
 import asyncio
 import statistics
