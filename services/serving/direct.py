@@ -5,7 +5,8 @@ Serve.
 The orchestrator learns a replica's channel once, by a Serve call pinned to it (`endpoint`, serving/replica_router.py).
 A replica it names that has gone closes its channel, whose ChannelClosed (a ConnectionError) reaches the remote
 executor, which moves its requests and calls again. A stateless deployment (no replica named) takes its calls on its
-live replicas in turn."""
+live replicas in turn, as its router publishes them (the filter's takes PinnedRouter for that); until then on the
+replicas it has a channel to, so that no round asks Serve again."""
 
 import itertools
 import pickle
@@ -53,7 +54,8 @@ class DirectHandle:
         return replica, self.channels[replica]
 
     def any_replica(self) -> str | None:
-        live = live_replicas(self.handle.deployment_name)
+        """A live replica in turn; those with a channel while no router has published the live ones yet."""
+        live = live_replicas(self.handle.deployment_name) or list(self.channels)
         return live[next(self.turn) % len(live)] if live else None
 
     def free(self, request_ids: list[str], replica: str | None = None) -> None:

@@ -113,6 +113,17 @@ def test_a_stateless_deployment_takes_its_live_replicas_in_turn(ran):
     assert asyncio.run(calls()) == ["r0", "r1", "r0", "r1"]
 
 
+def test_a_stateless_deployment_whose_live_replicas_are_unknown_asks_serve_once(ran, monkeypatch):
+    monkeypatch.setattr(live_replicas, "LIVE", {})
+    serve = Serve(ran)
+    direct = DirectHandle(serve)
+
+    async def calls():
+        return [(await direct.run.remote("propose", ["args"], None))[0].value for _ in range(3)]
+
+    assert asyncio.run(calls()) == ["r0"] * 3 and serve.asked == [None]
+
+
 def test_kv_is_freed_over_the_replicas_channel_or_through_serve_before_one_is_known(ran):
     serve = Serve(ran)
     direct = DirectHandle(serve)
