@@ -137,7 +137,10 @@ def test_a_served_round_breaks_down_into_the_replicas_compute_and_the_hops(servi
     for t in steps:  # timed on the replicas, brought back with their replies
         assert set(t.compute_s) == {"drafter", "guider", "filter"} and t.flops["drafter"] > 0
         assert t.orchestrator_s > 0 and t.hops_s > 0 and t.busy_s > 0 and t.queue_s >= 0
-        assert max(t.compute_s.values()) <= t.busy_s + 1e-9 and t.overlap_s <= min(t.compute_s.values()) + 1e-9
+        computes = t.compute_s.values()
+        # the guider's and the filter's calls go out together: any two of the three may overlap, so overlap is
+        # bounded by what the hosts computed beyond the longest, not by the shortest
+        assert max(computes) <= t.busy_s + 1e-9 and t.overlap_s <= sum(computes) - max(computes) + 1e-9
     assert statistics.fmean(t.round_s for t in steps) <= row.ms_per_round / 1000  # within what a client waits
 
 
