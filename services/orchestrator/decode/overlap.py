@@ -10,11 +10,10 @@ dropped and the round proposes as usual; the causal drafter's cache drops the sp
 forward (services/dlm_drafter/causal.py, roll_back).
 
 It pays only where whole windows are accepted. On the shipped zoo (window 16, about 8.4 tokens a round) no
-speculation held in 21 (6 prompts, both follow modes), so the speculative forward is pure cost: `dlm bench
---concurrency 1,16 --strategy pipeline --max-new-tokens 48 --set overlap=true` against false, alternating on a shared
-2-core CPU, tok/s on/off: in process (DLM_THREADS=1) c=1 0.74x, c=16 0.71x; served c=1 1.05x, c=16 0.74x. Hence off
-by default; a speculation that guesses the gate's decision (the filter's keeps, the guider's agreement) is the next
-step.
+speculation held in 21 (6 prompts, both follow modes), so the speculative forward is pure cost: served c=1, `dlm bench
+--concurrency 1 --strategy pipeline --max-new-tokens 48 --set overlap=true` against false on one server, alternating
+on a shared 2-core CPU, 0.80-0.85x. Hence off by default; a speculation that guesses the gate's decision (the
+filter's keeps, the guider's agreement) is the next step.
 """
 
 import copy
