@@ -202,6 +202,19 @@ def test_sixteen_concurrent_streams_equal_in_process(service):
     assert got == expected
 
 
+def test_sixteen_streams_with_overlap_equal_in_process_without(service):
+    """pipeline with overlap=true served at c=16, greedy and seeded: token for token overlap=false in process."""
+    client, _, engine = service
+    on, off = {**CASES["pipeline"], "overlap": True}, {**CASES["pipeline"], "overlap": False}
+    samplings = [{} if i % 2 else dict(temperature=0.8, seed=300 + i) for i in range(16)]
+    eos = engine.executor.meta().eos_id
+    results = [engine.generate(PROMPT, "pipeline", off, 16, SamplingParams(**s)) for s in samplings]
+    expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda s: streamed(client, "pipeline", on, **s)[0], samplings))
+    assert got == expected
+
+
 def test_sixty_four_streams_complete_on_a_bounded_number_of_threads(service):
     client, app, _ = service
     pid = replica_pid("orchestrator")

@@ -75,6 +75,22 @@ def test_overlap_on_the_tiny_zoo_gives_the_tokens_of_no_overlap(engine: Engine, 
     assert on.token_ids == off.token_ids
 
 
+def sixteen(engine: Engine, overlap: bool) -> list[list[int]]:
+    """16 requests decoded at once, greedy and seeded in turn, on two prompts -> their tokens."""
+    prompts = ["count from 1 to 9:", "the capital of France is"]
+    samplings = [SamplingParams() if i % 2 else SamplingParams(temperature=0.8, seed=300 + i) for i in range(16)]
+    params = {"overlap": overlap}
+    reqs = [engine.add_request(prompts[i % 2], "pipeline", params, 24, s) for i, s in enumerate(samplings)]
+    while engine.has_unfinished():
+        engine.step()
+    return [req.output_ids() for req in reqs]
+
+
+def test_sixteen_requests_at_once_with_overlap_give_the_tokens_of_no_overlap(engine: Engine):
+    """c=16 on the tiny zoo: one step's speculative proposals batched with the guider's calls for every request."""
+    assert sixteen(engine, overlap=True) == sixteen(engine, overlap=False)
+
+
 def test_a_taken_speculation_hands_on_the_rng_it_drew_from():
     """Two equally likely tokens at every position, both in the guider's top 2: every window is accepted whatever the
     seeded drafter draws, so every speculation is taken and each round's draws follow the previous one's."""
