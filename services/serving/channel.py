@@ -153,7 +153,3 @@ class Channel:
             for reply in self.pending.values():
                 if not reply.done():
                     reply.set_exception(self.closed)
-
-    def close(self) -> None:
-        if self.connecting is not None and self.connecting.done() and not self.connecting.exception():
-            self.connecting.result().close()

@@ -58,6 +58,16 @@ def test_a_replica_runs_its_calls_and_other_work_one_at_a_time_on_one_thread():
     assert [payload for _, payload in ran if payload != b"release"] == [str(i).encode() for i in range(5)]
 
 
+def test_work_submitted_to_a_replicas_thread_brings_its_exception_back():
+    server = ChannelServer("127.0.0.1", echo)
+
+    def fails():
+        raise KeyError("no such request")
+
+    with pytest.raises(KeyError, match="no such request"):
+        server.submit(fails).result(timeout=10)
+
+
 def test_a_connection_without_the_token_is_closed_unanswered():
     ran = []
     server = ChannelServer("127.0.0.1", ran.append)
