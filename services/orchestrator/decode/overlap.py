@@ -9,11 +9,11 @@ one the drafter would make now, and the output is token for token what overlap=f
 dropped and the round proposes as usual; the causal drafter's cache drops the speculative commits it holds at its next
 forward (services/dlm_drafter/causal.py, roll_back).
 
-It pays only where whole windows are accepted. On the shipped zoo (window 16, about 8.4 tokens a round) no
-speculation held in 21 (6 prompts, both follow modes), so the speculative forward is pure cost: served c=1, `dlm bench
---concurrency 1 --strategy pipeline --max-new-tokens 48 --set overlap=true` against false on one server, alternating
-on a shared 2-core CPU, 0.80-0.85x. Hence off by default; a speculation that guesses the gate's decision (the
-filter's keeps, the guider's agreement) is the next step.
+It pays only where whole windows are accepted. On the shipped zoo (window 16, about 8.4 tokens a round) 3 of 12
+speculations held (the 5 bench prompts, both follow modes), so the speculative forward mostly costs: served c=1,
+`dlm bench --concurrency 1 --strategy pipeline --max-new-tokens 48 --set overlap=true` against false on one server,
+alternating on a shared 2-core CPU, 0.80-0.85x. Hence off by default; a speculation that guesses the gate's decision
+(the filter's keeps, the guider's agreement) is the next step.
 """
 
 import copy
