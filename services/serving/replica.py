@@ -59,7 +59,9 @@ class ReplicaHost:
             with stage_spans(self.deployment, method, parents, self.replica):
                 return timed_call(self, self.deployment, method, args)
         finally:
-            self.report_kv()
+            # once the reply is written (this runs on the channel's loop): setting the gauge took 0.08 ms of each
+            # call's round trip
+            self.channel.loop.call_soon(self.report_kv)
 
     async def release(self, request_ids: list[str], replica: str | None = None) -> None:
         """Through Serve, where the orchestrator holds no channel to the replica (direct.py)."""

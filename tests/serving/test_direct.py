@@ -2,7 +2,7 @@
 round's calls run on the named replica, whose channel is learnt once through Serve; a dead replica's ChannelClosed
 reaches the remote executor and the replica is asked for again; a stateless deployment's calls take its live
 replicas in turn; KV is freed over the replica's channel, or through Serve before one is known; a host's error
-fails the call, not the channel."""
+fails the call, not the channel; a call reports the replica's KV usage once its reply is out."""
 
 import asyncio
 import socket
@@ -151,3 +151,17 @@ def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
         return await direct.run.remote("propose", ["args"], None, replica="r0")
 
     assert [r.value for r in asyncio.run(calls())] == ["r0"]
+
+
+def test_a_call_reports_the_replicas_kv_usage_after_its_reply(ran):
+    serve = Serve(ran)
+    replica = serve.replicas["r0"]
+    replica.kv, replica.kv_budget = SimpleNamespace(held=lambda: {"a": 3, "b": 1}), 8
+    usage = replica.kv_usage = SimpleNamespace(value=None)
+    usage.set = lambda value: setattr(usage, "value", value)
+    assert run(DirectHandle(serve), "r0") == ["r0"]
+    deadline = time.monotonic() + 10
+    while usage.value is None:
+        assert time.monotonic() < deadline, "the call never reported the replica's KV usage"
+        time.sleep(0.01)
+    assert usage.value == 0.5
