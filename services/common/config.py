@@ -78,9 +78,10 @@ class ServingConfig:
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
     micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap
     redis_url: str | None = None  # the cache index; None: `dlm serve` starts a redis-server on loopback
-    # torch threads per model replica on CPU. Serve runs a replica's methods on a worker thread, where an OpenMP team
-    # of 2 measured slower than 1 thread on 2 cores (a 26-token drafter forward: 18 against 12.5 ms); with 1 each, the
-    # drafter and the guider compute at once on different micro-batches
+    # torch threads per model replica on CPU. A replica's forwards run on its channel's thread (serving/replica.py),
+    # where a team of 2 gained nothing on 2 cores: served pipeline c=1, drafter 11.4-11.5 against 11.3-12.4 ms a
+    # round with the replicas' OMP_WAIT_POLICY=PASSIVE (cluster/app.py), and with spinning teams c=16 fell to a third
+    # (327 against 965 tok/s). With 1 each, the drafter and the guider compute at once on different micro-batches
     replica_threads: int = 1
     kv_budget_tokens: int = 65536  # per drafter / guider replica
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
