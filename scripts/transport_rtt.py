@@ -1,9 +1,9 @@
 """A no-op round trip through each way the orchestrator could call a replica: a Serve handle, a plain Ray actor call, a
 closure run on a Serve replica's own actor (`__ray_call__`), a Ray Compiled Graph channel (ray.dag InputNode +
 experimental_compile), a gRPC unary over loopback, and a Serve replica's channel (services/serving/channel.py, how
-the rounds' calls go). Each call carries a small payload (the size of a c=1 pipeline round's
-arguments) and is awaited on an event loop, as the orchestrator awaits its calls, before the next; milliseconds,
-median and p90 of CALLS calls after 20 warm-up calls.
+the rounds' calls go). Each call carries a small payload (the size of a c=1 pipeline round's arguments) and is
+awaited on an event loop, as the orchestrator awaits its calls, before the next; milliseconds, median and p90 of
+CALLS calls after 20 warm-up calls.
 `PYTHONPATH=. python scripts/transport_rtt.py [CALLS]`
 
 Ray 2.60, a shared 2-core CPU, 300 calls, 2 KiB, ms median / p90 (one run, 2026-11-26):

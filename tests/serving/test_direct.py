@@ -2,7 +2,7 @@
 round's calls run on the named replica, whose channel is learnt once through Serve; a dead replica's ChannelClosed
 reaches the remote executor and the replica is asked for again; a stateless deployment's calls take its live
 replicas in turn; KV is freed over the replica's channel, or through Serve before one is known; a host's error
-fails the call, not the channel; a call reports the replica's KV usage once its reply is out."""
+fails the call, not the channel; a call reports the replica's KV usage."""
 
 import asyncio
 import socket
@@ -153,7 +153,7 @@ def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
     assert [r.value for r in asyncio.run(calls())] == ["r0"]
 
 
-def test_a_call_reports_the_replicas_kv_usage_after_its_reply(ran):
+def test_a_call_reports_the_replicas_kv_usage(ran):
     serve = Serve(ran)
     replica = serve.replicas["r0"]
     replica.kv, replica.kv_budget = SimpleNamespace(held=lambda: {"a": 3, "b": 1}), 8
