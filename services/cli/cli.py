@@ -54,7 +54,7 @@ def cmd_serve(args) -> int:
         return serve_local(args.config, serve_flags(args), args.device, args.dtype, args.verbose)
     from services.cli.serve import serve_ray
 
-    return serve_ray(args.config, serve_flags(args))
+    return serve_ray(args.config, serve_flags(args), args.device, args.dtype)
 
 
 def cmd_index(args) -> int:

@@ -26,11 +26,12 @@ def loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def serve_ray(config_path: str, flags: dict) -> int:
-    """flags: serving keys given on the command line (None: keep the config's)."""
+def serve_ray(config_path: str, flags: dict, device: str | None = None, dtype: str | None = None) -> int:
+    """flags: serving keys given on the command line; device, dtype: `dlm --device --dtype` (None: keep the
+    config's). The resolved config is what every replica loads its model by."""
     from services.common.config import EngineConfig
 
-    config = EngineConfig.from_yaml(config_path, serving=flags)
+    config = EngineConfig.from_yaml(config_path, serving=flags, device=device, dtype=dtype)
     with index_redis(config.serving):
         return serve_on_ray(config)
 

@@ -8,6 +8,8 @@ import ray
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
+import services.cli.serve
+from services.cli.cli import main
 from services.cli.serve import LOCAL_ONLY, index_redis, serve_ray
 from services.cli.serve_config import SERVE_CONFIG, serve_config
 from services.common.config import ServingConfig
@@ -37,6 +39,18 @@ def test_dlm_serve_gives_ray_the_serving_environment(tmp_path, tiny_zoo, monkeyp
     kwargs = seen.pop("kwargs")
     assert seen == {**RAY_ENV, **dict.fromkeys(LOCAL_ONLY)} | (LOCAL_ONLY if local_only else {})
     assert (kwargs["dashboard_host"], kwargs["dashboard_port"], kwargs["_metrics_export_port"]) == (host, 8265, 8080)
+
+
+def test_dlm_serve_deploys_the_device_and_dtype_its_flags_name(tmp_path, tiny_zoo, monkeypatch):
+    """`dlm --device cuda serve` loads the replicas' models on the GPU, as `--device` does for every other command
+    (it once reached only `serve --local`: on a GPU machine the replicas ran on its CPU)."""
+    config = tmp_path / "dlm.yaml"
+    config.write_text(yaml.safe_dump({"engine": {"models": tiny_zoo}}))
+    deployed = []
+    monkeypatch.setattr(services.cli.serve, "serve_on_ray", lambda resolved: deployed.append(resolved) or 0)
+    flags = ["--config", str(config), "--device", "cuda:1", "--dtype", "bfloat16"]
+    assert main([*flags, "serve", "--redis", "redis://127.0.0.1:1/0"]) == 0  # a URL: no redis-server started
+    assert (deployed[0].device, deployed[0].dtype) == ("cuda:1", "bfloat16")
 
 
 def test_the_deployed_config_is_configs_serve_yaml_on_the_serving_host():
