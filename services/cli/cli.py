@@ -23,6 +23,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    load = bool(args.concurrency or args.target)  # a load run of one strategy, else the --strategies table
+    if load and args.repeats != 1:
+        raise ValueError("--repeats is for the --strategies rows; a load run (--concurrency, --target) has none")
+    if not load and args.breakdown:
+        raise ValueError("--breakdown breaks down a load run's rounds: add --concurrency or --target")
     if args.target and args.target.startswith(("http://", "https://")):
         from services.cli.openai_bench import bench_openai
 

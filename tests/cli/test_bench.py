@@ -7,6 +7,7 @@ import pytest
 
 from services.cli import bench as bench_module
 from services.cli.bench import BenchRow, bench
+from services.cli.cli import main
 
 ROWS = ["ar", "ar-drafter", "ar-guider", "mdm", "pipeline"]
 
@@ -36,3 +37,16 @@ def test_rows_take_turns_and_each_keeps_its_median_run(monkeypatch):
 def test_repeats_below_one_are_refused():
     with pytest.raises(ValueError, match="--repeats"):
         bench(SimpleNamespace(), ["pipeline"], repeats=0)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--concurrency", "1", "--repeats", "3"], "--repeats"),
+        (["--target", "127.0.0.1:1", "--repeats", "3"], "--repeats"),
+        (["--strategies", "pipeline", "--breakdown"], "--breakdown"),
+    ],
+)
+def test_a_flag_the_run_would_ignore_is_an_error_naming_it(flags, named, capsys):
+    assert main(["bench", *flags]) == 2  # before any model loads or any server is called
+    assert named in capsys.readouterr().err
