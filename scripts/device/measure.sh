@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
+# --breakdown); served c=1 with overlap off and on, taking turns; every strategy's tokens (tokens.py); the
+# --strategies baselines, following the drafter and the guider; the no-op round trip per transport.
+#
+# Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12).
+# The tree (43 MB) and the bundle (28 MB) exceed the tool's 64 MiB, so models/ar-base stays behind for the call:
+#   git rm -r -q --cached models/ar-base && echo /models/ar-base/ >> .git/info/exclude
+# then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 5 minutes of
+# device time), and afterwards: git reset -q -- models/ar-base && sed -i '/^\/models\/ar-base\/$/d' .git/info/exclude
+# Results: $OUT/summary.txt (the table rows), $OUT/bench.txt (every breakdown), $OUT/tokens_gpu.json; compare the
+# tokens with this machine's: DLM_DEVICE=cpu PYTHONPATH=. python scripts/device/tokens.py scripts/device/dlm.yaml cpu.json
+set -u
+export PYTHONUNBUFFERED=1
+R=$PWD; O=${OUT:-/tmp/out}; C=scripts/device; mkdir -p $O
+S=$O/summary.txt; L=$O/bench.txt
+t0=$(date +%s)
+log() { echo "### $* [$(date +%T), $(( $(date +%s) - t0 )) s]" | tee -a $S $L; }
+[ -d /tmp/b/site ] || { mkdir -p /tmp/b && tar xJf .gpu/bundle.tar.xz -C /tmp/b; }
+export PYTHONPATH=/tmp/b/site:$R REDIS_SERVER=/tmp/b/redis-server
+PY=python3; DLM="$PY -m services.cli.cli"
+log setup
+{ nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv; nproc
+  $PY -c "import torch, transformers, ray; print(torch.__version__, transformers.__version__, ray.__version__)"; } 2>&1 | tee -a $S
+B="bench --strategy pipeline --max-new-tokens 48 --breakdown"
+rows() { grep -E '^ +(1|16) +[0-9]' $1 | tee -a $S; grep -E 'Error|Traceback' $1 | head -3 | tee -a $S; }
+inproc() { timeout 150 $DLM --config $C/dlm.yaml $B --concurrency 1,16 > $O/t.txt 2>&1; log "in process $1 rc=$?"; cat $O/t.txt >> $L; rows $O/t.txt; }
+served() { timeout 120 $DLM --config $C/serve.yaml $B --concurrency $2 --target 127.0.0.1:50051 $3 > $O/t.txt 2>&1; log "served $1 $3 rc=$?"; cat $O/t.txt >> $L; rows $O/t.txt; }
+inproc 1
+setsid $DLM --config $C/serve.yaml serve > $O/serve.log 2>&1 < /dev/null &
+for i in $(seq 1 90); do sleep 2; grep -q 'serving on' $O/serve.log && break; grep -q Traceback $O/serve.log && break; done
+log "serve up after $((i*2)) s"
+served 1 1,16 ""
+for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
+pkill -INT -f "serve.yaml serve"; for i in $(seq 1 15); do sleep 1; pgrep -f "serve.yaml serve" > /dev/null || break; done
+$PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; pkill -9 -f redis-server; log "serve stopped"
+inproc 2
+timeout 100 $PY $C/tokens.py $C/dlm.yaml $O/tokens_gpu.json > $O/t.txt 2>&1; log "tokens rc=$?"; grep -v Loading $O/t.txt | tee -a $S
+for f in "" "--set follow=guider"; do
+  timeout 120 $DLM --config $C/dlm.yaml bench --strategies pipeline --max-new-tokens 48 --repeats 3 $f > $O/t.txt 2>&1
+  log "baselines $f rc=$?"; grep -v Loading $O/t.txt | tail -8 | tee -a $S
+done
+timeout 120 $PY scripts/transport_rtt.py 300 > $O/t.txt 2>&1; log "transport rc=$?"; tail -9 $O/t.txt | tee -a $S
+$PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; rm -f $O/t.txt
+log done
