@@ -3,7 +3,8 @@
 # --breakdown); served c=1 with overlap off and on, taking turns; every strategy's tokens (tokens.py); the
 # --strategies baselines, following the drafter and the guider; the no-op round trip per transport.
 #
-# Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12).
+# Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12)
+# and .venv/bin/python -m services.serving.protogen (the gRPC stubs the call carries).
 # The tree (43 MB) and the bundle (28 MB) exceed the tool's 64 MiB, so models/ar-base stays behind for the call:
 #   git rm -r -q --cached models/ar-base && echo /models/ar-base/ >> .git/info/exclude
 # then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 5 minutes of
