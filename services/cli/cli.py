@@ -29,6 +29,8 @@ def cmd_bench(args) -> int:
     if not load and args.breakdown:
         raise ValueError("--breakdown breaks down a load run's rounds: add --concurrency or --target")
     if args.target and args.target.startswith(("http://", "https://")):
+        if args.breakdown:
+            raise ValueError("--breakdown reads the rounds a gRPC target reports; the OpenAI API reports none")
         from services.cli.openai_bench import bench_openai
 
         return bench_openai(args)
@@ -129,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument(
         "--breakdown",
         action="store_true",
-        help="with --concurrency or --target: per round, the orchestrator, the hops, each model's compute and idle "
-        "time, their overlap (median, p90, mean)",
+        help="with --concurrency or a gRPC --target: per round, the orchestrator, the hops, each model's compute "
+        "and idle time, their overlap (median, p90, mean)",
     )
     ben.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="params of --strategy or each of --strategies"

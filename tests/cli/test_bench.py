@@ -45,6 +45,7 @@ def test_repeats_below_one_are_refused():
         (["--concurrency", "1", "--repeats", "3"], "--repeats"),
         (["--target", "127.0.0.1:1", "--repeats", "3"], "--repeats"),
         (["--strategies", "pipeline", "--breakdown"], "--breakdown"),
+        (["--target", "http://127.0.0.1:1", "--breakdown"], "--breakdown"),
     ],
 )
 def test_a_flag_the_run_would_ignore_is_an_error_naming_it(flags, named, capsys):
