@@ -4,11 +4,10 @@ RoundTrace rows of each Complete. No torch here: the gRPC client imports it (the
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from services.cli.load import LoadRow, percentile
+from services.cli.load import LoadRow, stats_ms
 from services.orchestrator.engine.round_timing import RoundTiming
 
 if TYPE_CHECKING:
@@ -64,11 +63,8 @@ def summary(timings: list[RoundTiming]) -> dict[str, dict[str, float]]:
     columns: dict[str, list[float]] = {}
     for t in timings:
         for name, s in parts(t).items():
-            columns.setdefault(name, []).append(1000 * s)
-    return {
-        name: {"median": statistics.median(v), "p90": percentile(v, 0.9), "mean": statistics.fmean(v)}
-        for name, v in columns.items()
-    }
+            columns.setdefault(name, []).append(s)
+    return stats_ms(columns)
 
 
 def finish_level(row: LoadRow, steps: list[RoundTiming], config: EngineConfig, breakdown: bool) -> LoadRow:
@@ -84,8 +80,9 @@ def finish_level(row: LoadRow, steps: list[RoundTiming], config: EngineConfig, b
 def tables(rows: list[LoadRow]) -> str:
     lines = []
     for row in rows:
-        if row.breakdown:
-            lines.append(f"c={row.concurrency} per round, ms    {'median':>8} {'p90':>8} {'mean':>8}")
-            for name, v in row.breakdown.items():
-                lines.append(f"  {name:<24} {v['median']:8.2f} {v['p90']:8.2f} {v['mean']:8.2f}")
+        for per, parts_ms in (("round", row.breakdown), ("request", row.per_request if row.breakdown else None)):
+            if parts_ms:
+                lines.append(f"{f'c={row.concurrency} per {per}, ms':<26} {'median':>8} {'p90':>8} {'mean':>8}")
+                for name, v in parts_ms.items():
+                    lines.append(f"  {name:<24} {v['median']:8.2f} {v['p90']:8.2f} {v['mean']:8.2f}")
     return "\n".join(lines)

@@ -32,6 +32,7 @@ class LoadRow:
     mfu: float = 0.0  # the first over the second
     matmul_shape: str = ""
     breakdown: dict | None = None  # part -> {median, p90, mean} ms per round (dlm bench --breakdown)
+    per_request: dict | None = None  # part -> {median, p90, mean} ms per request (printed by --breakdown)
 
 
 @dataclass(slots=True)
@@ -42,11 +43,34 @@ class Timing:
     ttft_s: float
     tokens: int
     rounds: int
+    rounds_s: float = 0.0  # the wall time of the steps that ran its rounds
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def stats_ms(columns: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """name -> values in seconds  ->  name -> {median, p90, mean} in milliseconds."""
+    return {
+        name: {
+            "median": 1000 * statistics.median(v),
+            "p90": 1000 * percentile(v, 0.9),
+            "mean": 1000 * statistics.fmean(v),
+        }
+        for name, v in columns.items()
+    }
+
+
+def per_request(timings: list[Timing]) -> dict[str, dict[str, float]]:
+    """A request's latency as its client saw it, split into its rounds and the rest: on a server, the call's way
+    in and out (gRPC, admission, the cache index's reservation, the final messages) and any wait for a place in a
+    step; in process, the hand-off between the engine's steps."""
+    latency = [t.latency_s for t in timings]
+    rounds = [t.rounds_s for t in timings]
+    outside = [t.latency_s - t.rounds_s for t in timings]
+    return stats_ms({"latency": latency, "in rounds": rounds, "outside rounds": outside})
 
 
 def work(prompts: list[str], concurrency: int, repeats: int = 8) -> list[str]:
@@ -72,6 +96,7 @@ def load_row(concurrency: int, timings: list[Timing], wall_s: float) -> LoadRow:
         statistics.fmean(t.ttft_s for t in timings),
         1000 * sum(latencies) / max(rounds, 1),
         tokens / max(rounds, 1),
+        per_request=per_request(timings) if timings else None,
     )
 
 
@@ -108,6 +133,7 @@ def engine_level(
     from services.common.sampling import SamplingParams
 
     queue, live, timings, steps = list(reversed(work(prompts, concurrency))), {}, [], []
+    stepped: dict[str, float] = {}  # request id -> wall time of the steps that ran its rounds
     start = time.perf_counter()
     while queue or live:
         while queue and len(live) < concurrency:
@@ -116,6 +142,7 @@ def engine_level(
         for out in engine.step():
             if out.timing is not None and out.request_id in live:
                 steps.append(out.timing)
+                stepped[out.request_id] = stepped.get(out.request_id, 0.0) + out.timing.round_s
             req = live.get(out.request_id)
             if req is not None and out.finish_reason is not None:
                 if out.error is not None:
@@ -123,5 +150,6 @@ def engine_level(
                 stats = live.pop(out.request_id).stats
                 end = stats.end_s or time.perf_counter()
                 first = stats.first_commit_s or end
-                timings.append(Timing(end - stats.start_s, first - stats.start_s, stats.tokens, stats.rounds))
+                rounds_s = stepped.pop(out.request_id, 0.0)
+                timings.append(Timing(end - stats.start_s, first - stats.start_s, stats.tokens, stats.rounds, rounds_s))
     return load_row(concurrency, timings, time.perf_counter() - start), steps

@@ -96,7 +96,8 @@ def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[Timing, 
             tokens, rounds = event.usage.completion_tokens, event.stats.rounds
             steps = [t for t in map(from_trace, event.trace) if t is not None]
     latency = time.perf_counter() - start
-    return Timing(latency, first if first is not None else latency, tokens, rounds), steps
+    rounds_s = sum(t.round_s for t in steps)
+    return Timing(latency, first if first is not None else latency, tokens, rounds, rounds_s), steps
 
 
 def load_level(

@@ -65,6 +65,11 @@ def test_in_process_the_parts_add_up_to_the_round_and_the_rounds_to_the_level(en
     assert parts["round"]["mean"] == pytest.approx(
         parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["queue"]["mean"] + parts["busy"]["mean"]
     )
+    # per request: each request's rounds are the steps that ran them, and its latency their sum and the rest
+    per = row.per_request
+    assert per["in rounds"]["mean"] * row.requests == pytest.approx(1000 * sum(t.round_s for t in steps))
+    assert per["latency"]["mean"] == pytest.approx(per["in rounds"]["mean"] + per["outside rounds"]["mean"])
+    assert per["outside rounds"]["mean"] > 0
 
 
 def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):
@@ -73,6 +78,7 @@ def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):
     assert main(["--config", config, "bench", *args, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "MFU" in printed and "c=2 per round, ms" in printed and "compute guider" in printed
+    assert "c=2 per request, ms" in printed and "outside rounds" in printed
     rows = json.loads(out.read_text())
     for row in rows:
         assert 0 < row["model_gflops_per_s"] and 0 < row["mfu"] < 1 and row["matmul_shape"].endswith("x [64, 128]")

@@ -455,3 +455,6 @@ def test_remote_bench(served, tmp_path, tiny_zoo, capsys):
             parts["orchestrator"]["mean"] + parts["hops"]["mean"] + parts["queue"]["mean"] + parts["busy"]["mean"]
         )
         assert parts["compute drafter"]["mean"] > 0 and parts["hops"]["mean"] > 0
+        per = row["per_request"]  # a request's rounds, and its way in and out over gRPC around them
+        assert 0 < per["in rounds"]["mean"] < per["latency"]["mean"]
+        assert per["latency"]["mean"] == pytest.approx(per["in rounds"]["mean"] + per["outside rounds"]["mean"])
