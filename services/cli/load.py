@@ -96,7 +96,7 @@ def load_row(concurrency: int, timings: list[Timing], wall_s: float) -> LoadRow:
         statistics.fmean(t.ttft_s for t in timings),
         1000 * sum(latencies) / max(rounds, 1),
         tokens / max(rounds, 1),
-        per_request=per_request(timings) if timings else None,
+        per_request=per_request(timings),
     )
 
 
