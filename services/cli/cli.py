@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--breakdown",
         action="store_true",
         help="with --concurrency or a gRPC --target: per round, the orchestrator, the hops, each model's compute "
-        "and idle time, their overlap; per request, its latency in and outside its rounds (median, p90, mean)",
+        "and idle time, their overlap; per request, its latency in its rounds, before the first, between them and on "
+        "its way in and out (median, p90, mean)",
     )
     ben.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="params of --strategy or each of --strategies"

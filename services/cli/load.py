@@ -44,6 +44,8 @@ class Timing:
     tokens: int
     rounds: int
     rounds_s: float = 0.0  # the wall time of the steps that ran its rounds
+    before_s: float = 0.0  # from its arrival at the engine to the start of the step that ran its first round
+    served_s: float = 0.0  # from its arrival at the engine to its last output
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,13 +66,20 @@ def stats_ms(columns: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 
 def per_request(timings: list[Timing]) -> dict[str, dict[str, float]]:
-    """A request's latency as its client saw it, split into its rounds and the rest: on a server, the call's way
-    in and out (gRPC, admission, the cache index's reservation, the final messages) and any wait for a place in a
-    step; in process, the hand-off between the engine's steps."""
-    latency = [t.latency_s for t in timings]
-    rounds = [t.rounds_s for t in timings]
-    outside = [t.latency_s - t.rounds_s for t in timings]
-    return stats_ms({"latency": latency, "in rounds": rounds, "outside rounds": outside})
+    """A request's latency as its client saw it, split into its rounds and the rest, which is: before its first
+    round (admission, the cache index's reservation, the step in progress when it came), between its rounds (each
+    step's update after its round; steps that did not run it), and its way in and out (on a server, gRPC before the
+    engine had it and the final messages after its last output; in process, nothing)."""
+    return stats_ms(
+        {
+            "latency": [t.latency_s for t in timings],
+            "in rounds": [t.rounds_s for t in timings],
+            "outside rounds": [t.latency_s - t.rounds_s for t in timings],
+            "before first round": [t.before_s for t in timings],
+            "between rounds": [t.served_s - t.before_s - t.rounds_s for t in timings],
+            "way in and out": [t.latency_s - t.served_s for t in timings],
+        }
+    )
 
 
 def work(prompts: list[str], concurrency: int, repeats: int = 8) -> list[str]:
@@ -134,6 +143,7 @@ def engine_level(
 
     queue, live, timings, steps = list(reversed(work(prompts, concurrency))), {}, [], []
     stepped: dict[str, float] = {}  # request id -> wall time of the steps that ran its rounds
+    before: dict[str, float] = {}  # request id -> from its arrival to the start of its first round's step
     start = time.perf_counter()
     while queue or live:
         while queue and len(live) < concurrency:
@@ -143,6 +153,7 @@ def engine_level(
             if out.timing is not None and out.request_id in live:
                 steps.append(out.timing)
                 stepped[out.request_id] = stepped.get(out.request_id, 0.0) + out.timing.round_s
+                before.setdefault(out.request_id, out.elapsed_s - out.timing.round_s)
             req = live.get(out.request_id)
             if req is not None and out.finish_reason is not None:
                 if out.error is not None:
@@ -150,6 +161,7 @@ def engine_level(
                 stats = live.pop(out.request_id).stats
                 end = stats.end_s or time.perf_counter()
                 first = stats.first_commit_s or end
-                rounds_s = stepped.pop(out.request_id, 0.0)
-                timings.append(Timing(end - stats.start_s, first - stats.start_s, stats.tokens, stats.rounds, rounds_s))
+                rounds_s, waited = stepped.pop(out.request_id, 0.0), before.pop(out.request_id, 0.0)
+                latency, ttft = end - stats.start_s, first - stats.start_s
+                timings.append(Timing(latency, ttft, stats.tokens, stats.rounds, rounds_s, waited, out.elapsed_s))
     return load_row(concurrency, timings, time.perf_counter() - start), steps

@@ -86,18 +86,23 @@ def entry(lp) -> dict:
 
 
 def timed_stream(client: DlmClient, prompt: str, kwargs: dict) -> tuple[Timing, list[RoundTiming]]:
-    """One streamed request: latency, time to first chunk, completion tokens, rounds; and its rounds' step timings."""
+    """One streamed request: latency, time to first chunk, completion tokens, rounds, and from its RoundTrace rows
+    (each round's step, and when the server emitted it since the request arrived) the split of its latency; and its
+    rounds' step timings."""
     start = time.perf_counter()
-    first, tokens, rounds, steps = None, 0, 0, []
+    first, tokens, rounds, trace = None, 0, 0, []
     for event in client.stream(prompt, trace=True, **kwargs):
         if isinstance(event, pb.Chunk) and first is None:
             first = time.perf_counter() - start
         elif isinstance(event, pb.Complete):
-            tokens, rounds = event.usage.completion_tokens, event.stats.rounds
-            steps = [t for t in map(from_trace, event.trace) if t is not None]
+            tokens, rounds, trace = event.usage.completion_tokens, event.stats.rounds, list(event.trace)
     latency = time.perf_counter() - start
-    rounds_s = sum(t.round_s for t in steps)
-    return Timing(latency, first if first is not None else latency, tokens, rounds, rounds_s), steps
+    stepped = [(row, t) for row in trace if (t := from_trace(row)) is not None]
+    rounds_s = sum(t.round_s for _, t in stepped)
+    before = stepped[0][0].elapsed_s - stepped[0][1].round_s if stepped else 0.0
+    served = trace[-1].elapsed_s if trace else 0.0
+    timing = Timing(latency, first if first is not None else latency, tokens, rounds, rounds_s, before, served)
+    return timing, [t for _, t in stepped]
 
 
 def load_level(

@@ -2,6 +2,7 @@
 of every round add up to the round, and the rounds to the level's wall time."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from services.cli.load import engine_level
 from services.cli.mfu import on_threads
 from services.common.config import EngineConfig
 from services.common.contract import Compute, Reply
+from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
 from services.orchestrator.engine.round_timing import StepClock
 from tests.cli.test_cli import write_config
@@ -70,6 +72,21 @@ def test_in_process_the_parts_add_up_to_the_round_and_the_rounds_to_the_level(en
     assert per["in rounds"]["mean"] * row.requests == pytest.approx(1000 * sum(t.round_s for t in steps))
     assert per["latency"]["mean"] == pytest.approx(per["in rounds"]["mean"] + per["outside rounds"]["mean"])
     assert per["outside rounds"]["mean"] > 0
+    outside = ("before first round", "between rounds", "way in and out")
+    assert per["outside rounds"]["mean"] == pytest.approx(sum(per[part]["mean"] for part in outside))
+    assert all(per[part]["mean"] >= 0 for part in outside)
+
+
+def test_a_request_that_waits_for_room_spends_it_before_its_first_round(engine):
+    """One request runs at a time, so at concurrency 2 each request waits, before its first round, about as long as
+    the one before it decoded; every step runs the one that runs, so nothing waits between its rounds."""
+    one_at_a_time = replace(engine.config, serving=replace(engine.config.serving, max_concurrency=1))
+    eng = Engine(one_at_a_time, executor=engine.executor)
+    row, _ = engine_level(eng, 2, PROMPTS, "pipeline", {"window": 6}, 12)
+    per = row.per_request
+    assert per["before first round"]["median"] > 0.5 * per["in rounds"]["median"]
+    assert per["between rounds"]["median"] < 0.1 * per["in rounds"]["median"]
+    assert per["way in and out"]["median"] < 0.1 * per["in rounds"]["median"]
 
 
 def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):

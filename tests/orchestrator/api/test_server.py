@@ -458,3 +458,7 @@ def test_remote_bench(served, tmp_path, tiny_zoo, capsys):
         per = row["per_request"]  # a request's rounds, and its way in and out over gRPC around them
         assert 0 < per["in rounds"]["mean"] < per["latency"]["mean"]
         assert per["latency"]["mean"] == pytest.approx(per["in rounds"]["mean"] + per["outside rounds"]["mean"])
+        outside = ("before first round", "between rounds", "way in and out")  # from the rounds' times of emission
+        assert per["outside rounds"]["mean"] == pytest.approx(sum(per[part]["mean"] for part in outside))
+        assert per["before first round"]["mean"] > 0 and per["way in and out"]["mean"] > 0
+        assert per["between rounds"]["mean"] >= 0
