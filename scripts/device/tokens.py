@@ -1,4 +1,5 @@
-"""Decode BENCH_PROMPTS at c=16 with every strategy, greedy and seeded, overlap off and on, on the config's device:
+"""Decode BENCH_PROMPTS at c=16 with every strategy, greedy and seeded, overlap off and on,
+and following the guider with lookahead, on the config's device:
 one md5 per run, and the token ids as JSON (argv[2]), to compare across devices: python tokens.py CONFIG OUT.json"""
 import hashlib
 import json
@@ -12,7 +13,7 @@ from services.orchestrator.engine.engine import Engine
 RUNS = [(s, {}) for s in ("ar", "mdm", "threshold", "credit", "hierarchical", "learn2pd", "streaming", "slot",
                           "guided", "pipeline")]
 RUNS += [("pipeline", {"overlap": True}), ("pipeline", {"follow": "guider"}),
-         ("pipeline", {"follow": "guider", "overlap": True})]
+         ("pipeline", {"follow": "guider", "overlap": True}), ("pipeline", {"follow": "guider", "lookahead": 3})]
 config = EngineConfig.from_yaml(sys.argv[1])
 print(config.device, config.dtype, file=sys.stderr)
 engine = Engine(config)

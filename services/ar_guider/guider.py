@@ -16,6 +16,9 @@ from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Verdict, never_mask, token_logprobs
 from services.common.request import Request
+from services.common.sampling import SamplingParams, choose
+
+GREEDY = SamplingParams()
 
 
 @dataclass(slots=True)
@@ -56,6 +59,20 @@ class Guider:
         """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M."""
         logits = forward(self.decoder, [self.item(*call) for call in calls])
         return [never_mask(out, req.mask_id) for out, (req, _, _) in zip(logits, calls, strict=True)]
+
+    def lookahead_batch(self, calls: list[tuple[Request, int, int]]) -> list[tuple[torch.Tensor, int]]:
+        """calls: (req, start, k) -> the guider's greedy tokens [<= k] from start, as it decodes alone (ARPropose),
+        stopping after an EOS, and the forwards that took: each forward is batched over the requests still going."""
+        ids = [torch.empty(0, dtype=torch.long) for _ in calls]
+        forwards = [0] * len(calls)
+        while going := [
+            i for i, (req, _, k) in enumerate(calls) if len(ids[i]) < k and req.eos_id not in ids[i][-1:].tolist()
+        ]:
+            logits = self.forward_batch([(calls[i][0], calls[i][1], ids[i]) for i in going])
+            for i, out in zip(going, logits, strict=True):
+                ids[i] = torch.cat([ids[i], choose(out[-1:], GREEDY, None)])
+                forwards[i] += 1
+        return list(zip(ids, forwards, strict=True))
 
     def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Verdict]:
         """calls: (req, start, draft [M], top_k) -> the guider's verdict on each draft, in one forward."""

@@ -2,7 +2,7 @@
 (services/common/contract.py), one Reply per request."""
 
 from services.ar_guider.guider import Guider
-from services.common.contract import ARForward, Reply, Verify
+from services.common.contract import ARForward, Lookahead, Reply, Verify
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 
@@ -18,6 +18,10 @@ class GuiderHost:
 
     def forward(self, calls: list[ARForward]) -> list[Reply]:
         return [Reply(logits) for logits in self.guider.forward_batch([(c.req, c.start, c.draft) for c in calls])]
+
+    def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
+        ahead = self.guider.lookahead_batch([(c.req, c.start, c.k) for c in calls])
+        return [Reply(ids, forwards=forwards) for ids, forwards in ahead]
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:

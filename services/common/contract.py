@@ -148,6 +148,17 @@ class ARForward:
 
 
 @dataclass(frozen=True, slots=True)
+class Lookahead:
+    """Guider: its own greedy tokens from `start` while the drafter drafts, one forward each, as it decodes alone.
+    -> ids [<= k], ending early at an EOS"""
+
+    method: ClassVar[str] = "lookahead"
+    req: Request
+    start: int  # the request's frontier
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
 class AcceptProbs:
     """Filter: Learn2PD accept scores of a block's confidences (004 Alg. 2). -> scores [n]"""
 
@@ -156,7 +167,7 @@ class AcceptProbs:
     confidence: torch.Tensor  # [n]
 
 
-Args = Propose | ProposeBidirectional | DrafterForward | Verify | ARForward | AcceptProbs
+Args = Propose | ProposeBidirectional | DrafterForward | Verify | ARForward | Lookahead | AcceptProbs
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +201,7 @@ class Reply:
     tokens: int = 0  # token instances the call ran through the model for this request (p_cache's N_fwd)
     generator: torch.Generator | None = None  # the request's sampling RNG after the call (a remote host ran a copy)
     compute: Compute | None = None  # the batched call it came from, shared by every reply of that call
+    forwards: int = 1  # the model's forwards it ran for this request (a lookahead runs several)
 
 
 Stage = Generator[list[Call], list[Any], T]  # yields calls, receives their values in order, returns T
@@ -219,6 +231,9 @@ class ARHost(Protocol):
 
     def forward(self, calls: list[ARForward]) -> list[Reply]:
         """Next-token logits after each request's draft (AR decoding asks with an empty draft)."""
+
+    def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
+        """Each request's next greedy tokens, batched over the requests one forward at a time."""
 
 
 class FilterHost(Protocol):

@@ -29,6 +29,7 @@ from services.orchestrator.decode.gate import (
     Threshold,
     TopN,
 )
+from services.orchestrator.decode.lookahead import GuiderLookahead
 from services.orchestrator.decode.overlap import PostVerify
 from services.orchestrator.decode.propose import FRONTIER_HEADS, ARPropose, BidirectionalPropose, CausalPropose
 from services.orchestrator.decode.slots import KV_MODES, SlotGate, SlotPropose, SlotVerify
@@ -307,14 +308,18 @@ class PipelineParams:
     follow: str = "drafter"
     frontier_head: str = "ar"
     overlap: bool = False  # draft the next window while the guider verifies this one (overlap.py)
+    lookahead: int = 0  # follow=guider: the guider's own next tokens, decoded while the drafter drafts (lookahead.py)
 
     def __post_init__(self):
         check_positive("window", self.window)
         check_positive("top_k_match", self.top_k_match)
+        check_non_negative("lookahead", self.lookahead)
         check_prob("guidance_threshold", self.guidance_threshold)
         check_prob("filter_threshold", self.filter_threshold)
         check_choice("follow", self.follow, FOLLOW)
         check_choice("frontier_head", self.frontier_head, FRONTIER_HEADS)
+        if self.lookahead and (self.follow != "guider" or self.overlap):
+            raise ValueError("lookahead needs follow=guider (the guider's tokens are the output) and overlap=false")
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
@@ -325,6 +330,8 @@ class PipelineParams:
         commit = Commit("frontier", self.window)
         propose = CausalPropose(ar_head=self.frontier_head == "ar")
         verify = GuiderVerify(self.top_k_match, filter_drafter="causal")
+        if self.lookahead:
+            propose = GuiderLookahead(propose, self.lookahead)
         if self.overlap:
             post = PostVerify(propose, verify, commit)
             propose, verify = post.propose, post.verify

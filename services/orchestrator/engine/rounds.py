@@ -13,8 +13,8 @@ from services.common.request import Request
 def account(req: Request, call: Call, reply: Reply) -> Any:
     """The engine counts each request's forwards and processed tokens; a remote host's RNG state comes back."""
     counter = ROLES[call.role].counter
-    setattr(req.stats, counter, getattr(req.stats, counter) + 1)
-    req.stats.model_forwards += 1
+    setattr(req.stats, counter, getattr(req.stats, counter) + reply.forwards)
+    req.stats.model_forwards += reply.forwards
     req.stats.drafter_tokens_processed += reply.tokens
     if reply.generator is not None:
         req.generator = reply.generator

@@ -202,10 +202,16 @@ def test_sixteen_concurrent_streams_equal_in_process(service):
     assert got == expected
 
 
-def test_sixteen_streams_with_overlap_equal_in_process_without(service):
-    """pipeline with overlap=true served at c=16, greedy and seeded: token for token overlap=false in process."""
+@pytest.mark.parametrize(
+    "variant, base",
+    [({"overlap": True}, {"overlap": False}), ({"follow": "guider", "lookahead": 3}, {"follow": "guider"})],
+    ids=["overlap", "lookahead"],
+)
+def test_sixteen_streams_drafting_and_verifying_at_once_equal_in_process_without(service, variant, base):
+    """pipeline with overlap=true, or following the guider with lookahead=3, served at c=16, greedy and seeded: token
+    for token the same without, in process."""
     client, _, engine = service
-    on, off = {**CASES["pipeline"], "overlap": True}, {**CASES["pipeline"], "overlap": False}
+    on, off = {**CASES["pipeline"], **variant}, {**CASES["pipeline"], **base}
     samplings = [{} if i % 2 else dict(temperature=0.8, seed=300 + i) for i in range(16)]
     eos = engine.executor.meta().eos_id
     results = [engine.generate(PROMPT, "pipeline", off, 16, SamplingParams(**s)) for s in samplings]
