@@ -5,9 +5,9 @@ on decoding alone from the frontier: its k tokens go out in the same batched ste
 stand in the proposal in place of the drafter's drafts at the first k positions. The verify forward then checks them
 with the drafts after them: they agree by construction (the guider's own argmax after the same prefix), so a round
 decides at least those k tokens, and the drafts only have to extend them. Where drafter and guider compute at once
-(separate devices) a round is then never slower than the guider alone; in one process the guider's forwards add to
-the drafter's (README, Strategies). The output is the guider's greedy decode either way: every decided token is
-what the verify forward's argmax says.
+(separate devices) and k guider forwards take as long as the drafter's, a round is then never slower than the guider
+alone; in one process the guider's forwards add to the drafter's (README, Strategies). The output is the guider's
+greedy decode either way: every decided token is what the verify forward's argmax says.
 """
 
 from dataclasses import dataclass
