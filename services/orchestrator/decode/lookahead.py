@@ -29,10 +29,8 @@ class GuiderLookahead:
     k: int
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        start = req.frontier
+        start = req.frontier  # a live round's region starts there and holds at least one position
         k = min(self.k, region.end - start)
-        if k <= 0:
-            return (yield from self.propose(req, region))
         proposal, ahead = yield from together(self.propose(req, region), guider_tokens(req, start, k))
         return with_tokens(proposal, torch.arange(start, start + len(ahead)), ahead)
 
