@@ -1,0 +1,49 @@
+"""scripts/cpu_per_token.py, which the README cites for where a served token's CPU goes: its in-process form runs on
+the shipped zoo, and its served form's accounting (/proc) finds the CPU this process burns, under its own name."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.common.config import DEFAULT_CONFIG, EngineConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import cpu_per_token  # noqa: E402
+
+ZOO = EngineConfig.from_yaml(DEFAULT_CONFIG).models.values()
+
+
+def test_the_process_accounting_names_this_process_and_counts_its_cpu():
+    before = cpu_per_token.processes()
+    start = time.process_time()
+    while time.process_time() - start < 0.3:  # burn 0.3 s of CPU
+        pass
+    after = cpu_per_token.processes()
+    seconds, name = after[os.getpid()]
+    assert name == "this client"
+    assert 0.25 <= seconds - before[os.getpid()][0] <= 1.0  # clock ticks are 10 ms
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not all(os.path.isdir(p) for p in ZOO), reason="the model zoo is not shipped in this tree")
+def test_in_process_it_reports_tok_s_busy_cores_and_cpu_per_token():
+    run = subprocess.run(
+        [sys.executable, "scripts/cpu_per_token.py", "--concurrency", "2", "--levels", "1"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("in process")]
+    assert len(lines) == 1  # the warm-up level is not reported
+    tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", lines[0]))
+    assert tok_s > 0 and 0 < cores <= os.cpu_count() + 0.1
+    assert ms == pytest.approx(1000 * cores / tok_s, rel=0.05)  # CPU per token = busy cores / tok/s
