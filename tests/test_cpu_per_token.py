@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import DEFAULT_CONFIG, EngineConfig
+from tests.zoo import needs_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import cpu_per_token  # noqa: E402
-
-ZOO = EngineConfig.from_yaml(DEFAULT_CONFIG).models.values()
 
 
 def test_the_process_accounting_names_this_process_and_counts_its_cpu():
@@ -31,7 +29,7 @@ def test_the_process_accounting_names_this_process_and_counts_its_cpu():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not all(os.path.isdir(p) for p in ZOO), reason="the model zoo is not shipped in this tree")
+@needs_zoo
 def test_in_process_it_reports_tok_s_busy_cores_and_cpu_per_token():
     run = subprocess.run(
         [sys.executable, "scripts/cpu_per_token.py", "--concurrency", "2", "--levels", "1"],

@@ -8,14 +8,10 @@ import torch
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 from services.orchestrator.decode.strategies import STRATEGIES
 from services.orchestrator.engine.engine import Engine
+from tests.zoo import needs_zoo
 
 CONFIG = EngineConfig.from_yaml(DEFAULT_CONFIG, max_new_tokens=24)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not all(os.path.isdir(p) for p in CONFIG.models.values()), reason="the model zoo is not shipped in this tree"
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_zoo]
 
 
 @pytest.fixture(scope="module")

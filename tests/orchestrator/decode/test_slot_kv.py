@@ -4,7 +4,6 @@ forward computed, appended to the drafter cache in commit order; `kv=recompute` 
 The scripted drafter's dummy K/V are the token ids, so `ScriptedLM.pasts` shows what the cache held before each
 forward, physically, and `calls` what each forward ran through the model."""
 
-import os
 import pickle
 
 import pytest
@@ -17,6 +16,7 @@ from services.dlm_drafter.causal import CausalCache, Staged, reuse_staged
 from services.orchestrator.engine.engine import Engine
 from services.serving import pickling  # noqa: F401 (the compact reducers of the Serve hop)
 from tests.scripted import MASK, ScriptedLM, confident, row, scripted_engine
+from tests.zoo import NOT_SHIPPED, SHIPPED
 
 PROMPT = [5, 6, 7]
 TOKENS = list(range(8, 32))  # 24 plain tokens
@@ -207,8 +207,8 @@ RECORDED = {
 @pytest.fixture(scope="module")
 def zoo_engine() -> Engine:
     config = EngineConfig.from_yaml(DEFAULT_CONFIG, max_new_tokens=48)
-    if not all(os.path.isdir(p) for p in config.models.values()):
-        pytest.skip("the model zoo is not shipped in this tree")
+    if not SHIPPED:
+        pytest.skip(NOT_SHIPPED)
     return Engine(config)
 
 
