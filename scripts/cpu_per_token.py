@@ -56,10 +56,10 @@ def report(form: str, row: LoadRow, wall: float, by_process: Counter) -> None:
 
 def in_process(concurrency: int, levels: int) -> None:
     from services.cli.load import engine_level
-    from services.common.config import EngineConfig
+    from services.common.config import DEFAULT_CONFIG, EngineConfig
     from services.orchestrator.engine.engine import Engine
 
-    engine = Engine(EngineConfig.from_yaml("configs/dlm.yaml"))
+    engine = Engine(EngineConfig.from_yaml(DEFAULT_CONFIG))
     for level in range(levels + 1):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         row, _ = engine_level(engine, concurrency, BENCH_PROMPTS, KWARGS["strategy"], {}, KWARGS["max_new_tokens"])
