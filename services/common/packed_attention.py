@@ -5,6 +5,11 @@ layer, each request's new keys and values follow its own cached ones, its querie
 mask, and its cache takes the new tokens it keeps: the attention layer writes the cache, as a paged-attention backend
 does. One SDPA over the whole row with a block-diagonal mask would compute B^2 blocks to keep B of them; packing
 every request's cache into one row and back cost a copy of each per layer.
+
+On CUDA, SDPA's fused kernels each refuse part of what a segment asks: flash attention takes no mask and no float32,
+the memory-efficient kernel no grouped-query heads. SDPA then falls back to its math path (a matmul, the mask, a
+softmax, a matmul: several launches, a third of a GPU propose's CPU time). So there each segment's KV heads are
+expanded and the memory-efficient kernel takes it; on the CPU, SDPA's grouped-query heads copy nothing.
 """
 
 from dataclasses import dataclass
@@ -14,6 +19,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from services.common.kv import layer_kv, set_layer
+
+EXPAND_KV_HEADS_ON = frozenset({"cuda"})  # device types whose SDPA runs fused only without grouped-query heads
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +50,21 @@ def attend(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: list[Segment], layer: int, scale: float
 ) -> torch.Tensor:
     """query [Q, H, D]; key, value [Q, H_kv, D], the packed row's new tokens (rotary applied) -> [Q, H * D], each
-    segment's queries over its cache and its new keys (SDPA's grouped-query heads: no copy of the KV heads)."""
+    segment's queries over its cache and its new keys."""
     q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))  # [1, heads, Q, D] views
     outputs = []
     for seg in segments:
         ks, vs = extend(seg, layer, k[:, :, seg.new], v[:, :, seg.new])
-        out = F.scaled_dot_product_attention(
-            q[:, :, seg.new], ks, vs, attn_mask=seg.mask, is_causal=seg.causal, scale=scale, enable_gqa=True
-        )  # [1, H, q_i, D]
-        outputs.append(out[0].transpose(0, 1))  # [q_i, H, D]
+        outputs.append(sdpa(q[:, :, seg.new], ks, vs, seg, scale)[0].transpose(0, 1))  # [q_i, H, D]
     return torch.cat(outputs).flatten(1)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, scale: float) -> torch.Tensor:
+    """q [1, H, q_i, D]; k, v [1, H_kv, L_i + q_i, D] -> [1, H, q_i, D], through a fused kernel where one exists."""
+    grouped = q.device.type not in EXPAND_KV_HEADS_ON
+    if not grouped:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # [1, H, L_i + q_i, D]
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=seg.mask, is_causal=seg.causal, scale=scale, enable_gqa=grouped
+    )

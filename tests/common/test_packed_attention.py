@@ -1,10 +1,13 @@
 """Per-request attention over a packed row equals one SDPA over every request's past and new keys with the
-block-diagonal mask, and each request's cache takes the KV of the new tokens it keeps, its rest the others'."""
+block-diagonal mask, and each request's cache takes the KV of the new tokens it keeps, its rest the others'. SDPA gets
+the KV heads grouped, except on a device whose fused kernels need them expanded (CUDA)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from services.common import packed_attention
 from services.common.packed_attention import Segment, attend
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -28,7 +31,18 @@ def reference(query, key, value, pasts, sizes, masks) -> torch.Tensor:
     return F.scaled_dot_product_attention(query, k, v, attn_mask=full)[0].transpose(0, 1).flatten(1)
 
 
-def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_first_keep():
+@pytest.mark.parametrize("expanded", [False, True], ids=["cpu", "cpu-as-cuda"])
+def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_first_keep(expanded, monkeypatch):
+    if expanded:
+        monkeypatch.setattr(packed_attention, "EXPAND_KV_HEADS_ON", frozenset({"cpu"}))
+    sdpa_calls = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        sdpa_calls.append((k.shape[1], v.shape[1], kwargs.get("enable_gqa", False)))
+        return original(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     torch.manual_seed(0)
     lengths, sizes, keeps = [5, 0, 9], [3, 4, 2], [1, 4, 0]  # a request without a past among them
     past_keys = [torch.randn(1, KV_HEADS, n, DIM) for n in lengths]
@@ -48,6 +62,8 @@ def test_each_request_attends_to_its_own_past_and_new_tokens_only_and_keeps_its_
     query = torch.randn(row, HEADS, DIM)
     key, value = torch.randn(row, KV_HEADS, DIM), torch.randn(row, KV_HEADS, DIM)
     out = attend(query, key, value, segments, 0, DIM**-0.5)
+    kv_heads = HEADS if expanded else KV_HEADS
+    assert sdpa_calls == [(kv_heads, kv_heads, not expanded)] * len(segments)
     heads_first = [t.transpose(0, 1)[None] for t in (query, key, value)]
     torch.testing.assert_close(out, reference(*heads_first, (past_keys, past_values), sizes, masks), atol=1e-6, rtol=0)
     for seg, past, keep in zip(segments, past_keys, keeps, strict=True):
