@@ -24,7 +24,9 @@ for strategy, params in RUNS:
     for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=7)):
         reqs = [engine.add_request(p, strategy, dict(params), max_new_tokens=32, sampling=sampling) for p in prompts]
         while engine.has_unfinished():
-            engine.step()
+            for out in engine.step():
+                if out.error is not None:
+                    raise out.error
         outs.append([r.output_ids() for r in reqs])
     name = strategy + "".join(f" {k}={v}" for k, v in params.items())
     dump[name] = outs

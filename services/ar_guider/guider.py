@@ -70,7 +70,7 @@ class Guider:
         ]:
             logits = self.forward_batch([(calls[i][0], calls[i][1], ids[i]) for i in going])
             for i, out in zip(going, logits, strict=True):
-                ids[i] = torch.cat([ids[i], choose(out[-1:], GREEDY, None)])
+                ids[i] = torch.cat([ids[i], choose(out[-1:], GREEDY, None).cpu()])  # as a proposal's ids
                 forwards[i] += 1
         return list(zip(ids, forwards, strict=True))
 
