@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
-# --breakdown); served c=1 with overlap off and on, taking turns; every strategy's tokens (tokens.py); the
-# --strategies baselines, following the drafter and the guider; the no-op round trip per transport.
+# --breakdown); served c=1 with overlap off and on, then follow=guider at lookahead 0 and 2, each taking turns; every
+# strategy's tokens (tokens.py); the --strategies baselines, following the drafter and the guider; the no-op round trip
+# per transport.
 #
 # Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12)
 # and .venv/bin/python -m services.serving.protogen (the gRPC stubs the call carries).
 # The tree (43 MB) and the bundle (28 MB) exceed the tool's 64 MiB, so models/ar-base stays behind for the call:
 #   git rm -r -q --cached models/ar-base && echo /models/ar-base/ >> .git/info/exclude
-# then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 5 minutes of
+# then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 6 minutes of
 # device time), and afterwards: git reset -q -- models/ar-base && sed -i '/^\/models\/ar-base\/$/d' .git/info/exclude
+# Commands of your own in the same call need its PYTHONPATH=/tmp/b/site:$PWD (Ray and the serving wheels).
 # Results: $OUT/summary.txt (the table rows), $OUT/bench.txt (every breakdown), $OUT/tokens_gpu.json; compare the
 # tokens with this machine's: DLM_DEVICE=cpu PYTHONPATH=. python scripts/device/tokens.py scripts/device/dlm.yaml cpu.json
 set -u
@@ -33,6 +35,7 @@ for i in $(seq 1 90); do sleep 2; grep -q 'serving on' $O/serve.log && break; gr
 log "serve up after $((i*2)) s"
 served 1 1,16 ""
 for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
+for la in 0 2 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
 pkill -INT -f "serve.yaml serve"; for i in $(seq 1 15); do sleep 1; pgrep -f "serve.yaml serve" > /dev/null || break; done
 $PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; pkill -9 -f redis-server; log "serve stopped"
 inproc 2
