@@ -69,8 +69,10 @@ class Guider:
             i for i, (req, _, k) in enumerate(calls) if len(ids[i]) < k and req.eos_id not in ids[i][-1:].tolist()
         ]:
             logits = self.forward_batch([(calls[i][0], calls[i][1], ids[i]) for i in going])
-            for i, out in zip(going, logits, strict=True):
-                ids[i] = torch.cat([ids[i], choose(out[-1:], GREEDY, None).cpu()])  # as a proposal's ids
+            # [len(going)]: each request's next token, in one copy to the CPU, where a proposal's ids are
+            chosen = choose(torch.stack([out[-1] for out in logits]), GREEDY, None).cpu()
+            for i, token in zip(going, chosen, strict=True):
+                ids[i] = torch.cat([ids[i], token[None]])
                 forwards[i] += 1
         return list(zip(ids, forwards, strict=True))
 
