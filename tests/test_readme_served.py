@@ -1,11 +1,14 @@
 """What the README promises of a served run holds: `dlm serve` and `dlm serve --local` started as it starts them (on
 free ports), its served examples print what it shows, the ports `dlm serve` configures bind serving.host, the
-orchestrator's log holds one JSON line per finished request, and Ctrl-C stops it cleanly."""
+orchestrator's log holds one JSON line per finished request, scripts/cpu_per_token.py reads a served token's CPU by
+process, and Ctrl-C stops it cleanly."""
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +137,22 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
         reply = replies[record["request_id"]]
         assert record["output_tokens"] == reply.usage.completion_tokens == len(reply.token_ids)
         assert record["finish_reason"] == "eos" and reply.text == "3 7 19 42 55 88"
+
+
+def test_cpu_per_token_against_dlm_serve_names_where_a_served_token_goes(servers):
+    """README, "One machine's cores": `scripts/cpu_per_token.py --target` against `dlm serve`."""
+    server = servers("ray", "dlm serve")
+    target = f"127.0.0.1:{server.ports[50051]}"
+    argv = [sys.executable, "scripts/cpu_per_token.py", "--target", target, "--concurrency", "2", "--levels", "1"]
+    run = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    [total] = [line for line in run.stdout.splitlines() if line.startswith("served c=2")]  # no warm-up line
+    tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", total))
+    assert tok_s > 0 and ms == pytest.approx(1000 * cores / tok_s, rel=0.05)
+    rows = dict(line.strip().rsplit(None, 1) for line in run.stdout.splitlines() if line.startswith("    "))
+    for name in ("ServeReplica:dlm:drafter", "ServeReplica:dlm:guider", "ServeReplica:dlm:orchestrator"):
+        assert float(rows[name]) > 0, rows  # each model replica and the orchestrator, by its Ray actor's name
+    assert sum(map(float, rows.values())) <= ms + 0.01  # the rows are the busiest of the total's processes
 
 
 def test_ctrl_c_stops_dlm_serve_quietly(servers):

@@ -1,6 +1,7 @@
 """Decode BENCH_PROMPTS at c=16 with every strategy, greedy and seeded, overlap off and on,
 and following the guider with lookahead, on the config's device:
 one md5 per run, and the token ids as JSON (argv[2]), to compare across devices: python tokens.py CONFIG OUT.json"""
+
 import hashlib
 import json
 import sys
@@ -10,10 +11,16 @@ from services.common.params import BENCH_PROMPTS
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 
-RUNS = [(s, {}) for s in ("ar", "mdm", "threshold", "credit", "hierarchical", "learn2pd", "streaming", "slot",
-                          "guided", "pipeline")]
-RUNS += [("pipeline", {"overlap": True}), ("pipeline", {"follow": "guider"}),
-         ("pipeline", {"follow": "guider", "overlap": True}), ("pipeline", {"follow": "guider", "lookahead": 3})]
+RUNS = [
+    (s, {})
+    for s in ("ar", "mdm", "threshold", "credit", "hierarchical", "learn2pd", "streaming", "slot", "guided", "pipeline")
+]
+RUNS += [
+    ("pipeline", {"overlap": True}),
+    ("pipeline", {"follow": "guider"}),
+    ("pipeline", {"follow": "guider", "overlap": True}),
+    ("pipeline", {"follow": "guider", "lookahead": 3}),
+]
 config = EngineConfig.from_yaml(sys.argv[1])
 print(config.device, config.dtype, file=sys.stderr)
 engine = Engine(config)
