@@ -118,3 +118,12 @@ def run(example: Example, cwd: Path, ports: dict[int, int], timeout: float = 600
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{example}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout if example.kind == "python" else done.stdout + done.stderr
+
+
+def run_script(*args: str, timeout: float = 300) -> str:
+    """`PYTHONPATH=. python scripts/NAME.py ARGS`, as the README cites a script, from the repository root -> its
+    stdout; a non-zero exit fails the test with its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

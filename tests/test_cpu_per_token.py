@@ -3,13 +3,13 @@ the shipped zoo, and its served form's accounting (/proc) finds the CPU this pro
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.readme import run_script
 from tests.zoo import needs_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,16 +31,8 @@ def test_the_process_accounting_names_this_process_and_counts_its_cpu():
 @pytest.mark.slow
 @needs_zoo
 def test_in_process_it_reports_tok_s_busy_cores_and_cpu_per_token():
-    run = subprocess.run(
-        [sys.executable, "scripts/cpu_per_token.py", "--concurrency", "2", "--levels", "1"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    lines = [line for line in run.stdout.splitlines() if line.startswith("in process")]
+    out = run_script("scripts/cpu_per_token.py", "--concurrency", "2", "--levels", "1")
+    lines = [line for line in out.splitlines() if line.startswith("in process")]
     assert len(lines) == 1  # the warm-up level is not reported
     tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", lines[0]))
     assert tok_s > 0 and 0 < cores <= os.cpu_count() + 0.1

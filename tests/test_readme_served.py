@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from services.cli.client import DlmClient
 from tests.orchestrator.cluster.test_services import free_port
-from tests.readme import DLM, PORTS, ROOT, examples, localize, matches, run
+from tests.readme import DLM, PORTS, ROOT, examples, localize, matches, run, run_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SERVED = [e for e in examples() if e.server is not None]
@@ -143,13 +142,11 @@ def test_cpu_per_token_against_dlm_serve_names_where_a_served_token_goes(servers
     """README, "One machine's cores": `scripts/cpu_per_token.py --target` against `dlm serve`."""
     server = servers("ray", "dlm serve")
     target = f"127.0.0.1:{server.ports[50051]}"
-    argv = [sys.executable, "scripts/cpu_per_token.py", "--target", target, "--concurrency", "2", "--levels", "1"]
-    run = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    [total] = [line for line in run.stdout.splitlines() if line.startswith("served c=2")]  # no warm-up line
+    out = run_script("scripts/cpu_per_token.py", "--target", target, "--concurrency", "2", "--levels", "1")
+    [total] = [line for line in out.splitlines() if line.startswith("served c=2")]  # no warm-up line
     tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", total))
     assert tok_s > 0 and ms == pytest.approx(1000 * cores / tok_s, rel=0.05)
-    rows = dict(line.strip().rsplit(None, 1) for line in run.stdout.splitlines() if line.startswith("    "))
+    rows = dict(line.strip().rsplit(None, 1) for line in out.splitlines() if line.startswith("    "))
     for name in ("ServeReplica:dlm:drafter", "ServeReplica:dlm:guider", "ServeReplica:dlm:orchestrator"):
         assert float(rows[name]) > 0, rows  # each model replica and the orchestrator, by its Ray actor's name
     assert sum(map(float, rows.values())) <= ms + 0.01  # the rows are the busiest of the total's processes

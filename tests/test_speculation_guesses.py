@@ -2,15 +2,14 @@
 would hold: its guesses read the drafter's probabilities as its docstring says, and on the shipped zoo each round
 records the count the gate really accepted."""
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.readme import run_script
 from tests.zoo import needs_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,17 +64,9 @@ def proposals(reqs) -> list[int]:
 @needs_zoo
 @pytest.mark.parametrize("prompts", ["5", "bench"])
 def test_it_prints_each_guess_and_the_best_sets(prompts):
-    run = subprocess.run(
-        [sys.executable, "scripts/speculation_guesses.py", prompts],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    assert "of 5 prompts" in run.stdout
-    shares = dict(re.findall(r"^  (\S.*?)\s+([\d.]+)$", run.stdout, re.M))
+    out = run_script("scripts/speculation_guesses.py", prompts)
+    assert "of 5 prompts" in out
+    shares = dict(re.findall(r"^  (\S.*?)\s+([\d.]+)$", out, re.M))
     assert {"whole window", "conf > 0.7", "cumprod > 0.5"} <= set(shares)
     assert all(0.0 <= float(v) <= 1.0 for v in shares.values())
     assert float(shares[next(k for k in shares if k.startswith("best 3"))]) >= max(
