@@ -3,8 +3,8 @@ about ten times faster than torch's own reduce, and the orchestrator pays it on 
 
 Importing this module registers the reducers in copyreg's dispatch table, which pickle, copy and Ray's cloudpickle
 consult before a class's own reduce; every module that sends these classes across a hop imports it. The classes
-themselves stay plain slotted dataclasses of services/common, which knows nothing of serving. A request's RNG
-crosses only with a call whose host samples from it.
+themselves stay plain slotted dataclasses of services/common, which knows nothing of serving. A call's request
+crosses without what only the engine reads, and with its RNG only where its host samples from it.
 """
 
 import copyreg
@@ -72,28 +72,35 @@ def reduce(obj) -> tuple:
     return restore, (type(obj), {name: pack(getattr(obj, name)) for name in names(type(obj))})
 
 
-class _WithoutRNG:
-    """A call's request that crosses without its RNG: its host draws nothing from it."""
-
-    __slots__ = ("req",)
-
-    def __init__(self, req: Request):
-        self.req = req
+# A request's fields that no host reads, and that grow: the strategy's state (credit's [block, V] scores, 0.8 MB a
+# request in each call) and the logprobs of every token so far, when the request asks for them.
+ENGINE_ONLY = ("state", "logprobs")
 
 
-def reduce_request(req: Request, rng: bool = True) -> tuple:
-    """As reduce, but the RNG crosses only to a host that draws from it (a proposal's sampling, sampling.choose) and
-    never for a greedy request: its state is 5 KB, most of what a round sends (scripts/hop_bytes.py); the host's Reply
-    then brings none back."""
-    state = {name: pack(getattr(req, name)) for name in names(Request) if name != "generator"}
+class _ForHost:
+    """A call's request as its host reads it: without ENGINE_ONLY, and with its RNG only where the host draws from it
+    (a proposal's sampling, sampling.choose) and the request samples."""
+
+    __slots__ = ("req", "rng")
+
+    def __init__(self, req: Request, rng: bool):
+        self.req, self.rng = req, rng
+
+
+def reduce_request(req: Request, rng: bool = True, skip: tuple[str, ...] = ()) -> tuple:
+    """As reduce, but the RNG crosses only where asked and never for a greedy request: its state is 5 KB, most of
+    what a round sends (scripts/hop_bytes.py); the host's Reply then brings none back. The skipped fields arrive
+    empty, as a new request has them."""
+    state = {name: pack(getattr(req, name)) for name in names(Request) if name not in skip and name != "generator"}
+    state |= {name: {} for name in skip}
     state["generator"] = pack(req.generator) if rng and not req.sampling.greedy else None
     return restore, (Request, state)
 
 
 def reduce_args(args: Args) -> tuple:
     state = {name: pack(getattr(args, name)) for name in names(type(args))}
-    if "req" in state and not isinstance(args, DRAWS):
-        state["req"] = _WithoutRNG(args.req)
+    if "req" in state:
+        state["req"] = _ForHost(args.req, rng=isinstance(args, DRAWS))
     return restore, (type(args), state)
 
 
@@ -104,5 +111,5 @@ for cls in (Proposal, Verdict, Decision, Reply, TokenLogprobs):
     copyreg.pickle(cls, reduce)
 for cls in get_args(Args):
     copyreg.pickle(cls, reduce_args)
-copyreg.pickle(Request, reduce_request)
-copyreg.pickle(_WithoutRNG, lambda without: reduce_request(without.req, rng=False))
+copyreg.pickle(Request, reduce_request)  # whole: the cache index's record of a request (cluster/admission.py)
+copyreg.pickle(_ForHost, lambda view: reduce_request(view.req, view.rng, ENGINE_ONLY))

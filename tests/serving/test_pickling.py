@@ -8,7 +8,7 @@ import torch
 
 import services.serving.pickling  # noqa: F401  registers the reducers
 from services.common.contract import AcceptProbs, Propose, Reply, Verify
-from services.common.proposal import Decision, Proposal, Region, Verdict
+from services.common.proposal import Decision, Proposal, Region, TokenLogprob, Verdict
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 
@@ -24,9 +24,11 @@ def live_request() -> Request:
     return req
 
 
-def assert_same_request(a: Request, b: Request, rng: bool = True) -> None:
-    for name in ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order", "state"):
+def assert_same_request(a: Request, b: Request, rng: bool = True, whole: bool = True) -> None:
+    """whole: every field; else as a call's host gets it, with what only the engine reads empty."""
+    for name in ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order"):
         assert getattr(a, name) == getattr(b, name), name
+    assert (a.state, a.logprobs) == ((b.state, b.logprobs) if whole else ({}, {}))
     for name in ("tokens", "decided", "filled", "committed"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.stats.counters() == b.stats.counters()
@@ -47,10 +49,24 @@ def test_request_round_trips_compactly(dumps):
 def test_the_rng_crosses_only_to_a_host_that_samples_and_never_for_a_greedy_request():
     seeded, greedy = live_request(), Request("r2", [5, 6, 7], 16, mask_id=1, eos_id=0)
     propose, verify = Propose(seeded, Region(0, 4)), Verify(seeded, 0, torch.tensor([3, 4]), 1)
-    assert_same_request(pickle.loads(pickle.dumps(propose)).req, seeded)
+    assert_same_request(pickle.loads(pickle.dumps(propose)).req, seeded, whole=False)
     assert pickle.loads(pickle.dumps(verify)).req.generator is None
     assert pickle.loads(pickle.dumps(Propose(greedy, Region(0, 4)))).req.generator is None
     assert len(pickle.dumps(verify)) < len(pickle.dumps(propose)) - 4096  # the RNG's state is 5 KB
+
+
+def test_a_calls_request_crosses_without_what_only_the_engine_reads():
+    """Credit's scores ([block, V]) and the logprobs of every token so far stay with the engine; the cache index's
+    record of the request (a whole pickle) keeps them."""
+    req = live_request()
+    req.state["credit"] = (0, torch.rand(32, 4096))  # 512 KB
+    req.logprobs = {p: TokenLogprob(-0.1 * p, [(p, -0.1 * p), (9, -2.0)], True) for p in range(16)}
+    for args in (Propose(req, Region(0, 4)), Verify(req, 0, torch.tensor([3, 4]), 1)):
+        data = pickle.dumps(args)
+        assert len(data) < 16_000  # the RNG's 5 KB and the canvas
+        assert_same_request(pickle.loads(data).req, req, rng=isinstance(args, Propose), whole=False)
+    record = pickle.loads(pickle.dumps(req))
+    assert torch.equal(record.state["credit"][1], req.state["credit"][1]) and record.logprobs == req.logprobs
 
 
 def test_stage_values_round_trip_compactly():
@@ -77,6 +93,6 @@ def test_call_arguments_round_trip_compactly():
     data = pickle.dumps(args)
     assert b"torch" not in data
     verify, accept = pickle.loads(data)
-    assert_same_request(verify.req, req, rng=False)  # the guider samples nothing
+    assert_same_request(verify.req, req, rng=False, whole=False)  # the guider samples nothing
     assert (verify.start, verify.top_k, verify.method, accept.family) == (2, 3, "verify", "causal")
     assert torch.equal(verify.draft, args[0].draft) and torch.equal(accept.confidence, args[1].confidence)

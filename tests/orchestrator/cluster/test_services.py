@@ -30,6 +30,7 @@ CASES = {
     "streaming": {"window": 6},
     "pipeline": {"window": 6},
     "learn2pd": {"block_size": 8},  # the bidirectional drafter's filter, beside pipeline's causal one
+    "credit": {"drafter": "causal", "block_size": 8},  # its gate's [block, V] scores stay with the engine
 }
 PROMPT = "count from 1 to 9:"
 
@@ -109,6 +110,18 @@ def test_stream_equals_unary_equals_in_process(service, strategy):
     ids, text = streamed(client, strategy, params)
     assert list(unary.token_ids) == local.token_ids == ids
     assert unary.text == local.text == text
+
+
+def test_logprobs_served_equal_in_process(service):
+    """A request's logprobs so far stay with the engine (services/serving/pickling.py: ENGINE_ONLY); each round's
+    still come back from the replica that decided its tokens."""
+    client, _, engine = service
+    req = engine.request(PROMPT, 16, SamplingParams(logprobs=2))
+    local = [lp for out in engine.stream(req, "pipeline", CASES["pipeline"]) for lp in out.logprobs]
+    reply = client.generate(PROMPT, strategy="pipeline", params=CASES["pipeline"], max_new_tokens=16, logprobs=2)
+    assert [e.token_id for e in reply.logprobs] == list(reply.token_ids) == req.output_ids()
+    assert [e.logprob for e in reply.logprobs] == pytest.approx([lp.logprob for lp in local], abs=1e-5)
+    assert [[t.token_id for t in e.top] for e in reply.logprobs] == [[t for t, _ in lp.top] for lp in local]
 
 
 def test_concurrent_streams_batch_on_the_drafter(service):

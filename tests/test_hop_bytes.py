@@ -1,0 +1,21 @@
+"""scripts/hop_bytes.py, which the README cites for what a served round sends: on the shipped zoo, a `credit` call's
+request crosses without its gate's [block, V] scores (services/serving/pickling.py: ENGINE_ONLY)."""
+
+import re
+
+import pytest
+
+from tests.readme import run_script
+from tests.zoo import needs_zoo
+
+
+@pytest.mark.slow
+@needs_zoo
+def test_credit_sends_kilobytes_a_request_and_round_not_its_scores():
+    out = run_script("scripts/hop_bytes.py", "credit", "2")
+    rounds, sent, back = map(
+        int, re.search(r"(\d+) request-rounds; per request-round out (\d+) B, back (\d+) B", out).groups()
+    )
+    assert rounds > 0
+    assert sent < 8_000  # the scores alone are [block, V] floats: hundreds of KB
+    assert back > 100_000  # the gate fuses the drafter's whole distribution, which comes back (keep_logits)
