@@ -5,14 +5,12 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.readme import run_script
+from tests.readme import ROOT, run_script
 from tests.zoo import needs_zoo
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import cpu_per_token  # noqa: E402
 

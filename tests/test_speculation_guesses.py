@@ -4,15 +4,13 @@ records the count the gate really accepted."""
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.readme import run_script
+from tests.readme import ROOT, run_script
 from tests.zoo import needs_zoo
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import speculation_guesses  # noqa: E402
 
