@@ -52,6 +52,7 @@ def parts(t: RoundTiming) -> dict[str, float]:
     out = {"round": t.round_s, "orchestrator": t.orchestrator_s, "hops": t.hops_s, "queue": t.queue_s}
     out["busy"] = t.busy_s
     out |= {f"compute {h}": s for h, s in sorted(t.compute_s.items())}
+    out |= {f"cpu {h}": s for h, s in sorted(t.cpu_s.items())}
     out |= {f"idle {h}": s for h, s in sorted(t.idle_s().items())}
     return out | {"overlap": t.overlap_s}
 

@@ -15,11 +15,12 @@ def timed_call(host: object, name: str, method: str, args: list[Args]) -> list[R
     """host.method(args), each reply carrying the call's Compute (one object: the engine counts it once). Run on the
     host's one thread: the end of its previous call is kept here, per thread."""
     before, decoder_tokens = flops.counted(), flops.decoder_tokens()
-    start = time.time()
+    start, cpu = time.time(), time.thread_time()
     replies = getattr(host, method)(args)
-    end = time.time()
+    end, cpu = time.time(), time.thread_time() - cpu
     free_since, _thread.end = getattr(_thread, "end", 0.0), end
-    compute = Compute(name, start, end, flops.counted() - before, flops.decoder_tokens() - decoder_tokens, free_since)
+    work = flops.counted() - before, flops.decoder_tokens() - decoder_tokens
+    compute = Compute(name, start, end, *work, free_since, cpu)
     for reply in replies:
         reply.compute = compute
     return replies

@@ -183,8 +183,10 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Compute:
     """One batched host call where it ran (services/common/compute.py): the host, its wall-clock start and end
-    (time.time(): one clock for every process of a machine), the model FLOPs and decoder tokens of its forwards, and
-    when the host's thread ended its previous call: a call sent before then waited for it (served, another engine's).
+    (time.time(): one clock for every process of a machine), the model FLOPs and decoder tokens of its forwards,
+    when the host's thread ended its previous call (a call sent before then waited for it: served, another engine's),
+    and the CPU time of the host's thread over the call. A forward on one thread (a CPU replica's) is on a core for
+    its `cpu` and waits for one the rest of end - start.
     """
 
     host: str
@@ -193,6 +195,7 @@ class Compute:
     flops: int
     tokens: int
     free_since: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclass(slots=True)

@@ -33,11 +33,14 @@ def test_a_step_splits_into_orchestrator_hops_queue_compute_and_overlap():
     clock = StepClock()
     clock.start = 100.0
     # sent at 100.1, the drafter's thread ended an earlier call at 100.2 and this one ran 100.25-100.4
-    drafter = Compute("drafter", 100.25, 100.4, 30, 3, free_since=100.2)
+    drafter = Compute("drafter", 100.25, 100.4, 30, 3, free_since=100.2, cpu=0.1)
     clock.phase(100.1, 100.5, {("drafter", "propose"): replies(drafter)})
     # the guider's clock runs behind: its start is clipped to the phase's
-    guider, filter_ = Compute("guider", 100.55, 100.9, 20, 2), Compute("filter", 100.7, 100.95, 0, 0, free_since=100.0)
-    clock.phase(100.6, 101.0, {("guider", "verify"): replies(guider), ("filter", "accept_probs"): replies(filter_)})
+    guider, filter_ = Compute("guider", 100.55, 100.9, 20, 2, cpu=0.2), Compute("filter", 100.7, 100.95, 0, 0, 100.0)
+    # the guider's second call of the step (a lookahead beside its verify): its CPU adds to the first's
+    lookahead = Compute("guider", 100.6, 100.62, 5, 1, cpu=0.01)
+    calls = {("guider", "verify"): replies(guider), ("guider", "lookahead"): replies(lookahead)}
+    clock.phase(100.6, 101.0, calls | {("filter", "accept_probs"): replies(filter_)})
     t = clock.finish(requests=2, end=101.2)
     assert t.round_s == pytest.approx(1.2)
     assert t.orchestrator_s == pytest.approx(0.4)  # before, between and after the two phases
@@ -47,8 +50,11 @@ def test_a_step_splits_into_orchestrator_hops_queue_compute_and_overlap():
     assert t.overlap_s == pytest.approx(0.2)  # the guider and the filter at once
     assert t.compute_s == pytest.approx({"drafter": 0.15, "guider": 0.3, "filter": 0.25})
     assert t.idle_s() == pytest.approx({"drafter": 1.05, "guider": 0.9, "filter": 0.95})
-    assert (t.flops, t.calls) == ({"drafter": 30, "guider": 20, "filter": 0}, {"drafter": 1, "guider": 1, "filter": 1})
-    assert t.tokens == {"drafter": 3, "guider": 2, "filter": 0}
+    assert t.cpu_s == pytest.approx({"drafter": 0.1, "guider": 0.21, "filter": 0.0})
+    assert (t.flops, t.calls) == ({"drafter": 30, "guider": 25, "filter": 0}, {"drafter": 1, "guider": 2, "filter": 1})
+    assert t.tokens == {"drafter": 3, "guider": 3, "filter": 0}
+    shown = summary([t])  # ms
+    assert (shown["compute guider"]["median"], shown["cpu guider"]["median"]) == pytest.approx((300, 210))
 
 
 def test_in_process_the_parts_add_up_to_the_round_and_the_rounds_to_the_level(engine):
@@ -61,6 +67,7 @@ def test_in_process_the_parts_add_up_to_the_round_and_the_rounds_to_the_level(en
         parts = t.orchestrator_s + t.hops_s + t.queue_s + sum(t.compute_s.values())
         assert parts == pytest.approx(t.round_s, abs=1e-9)
         assert t.compute_s["drafter"] > 0 and t.compute_s["guider"] > 0 and t.flops["drafter"] > 0
+        assert all(0 < t.cpu_s[h] <= t.compute_s[h] + 1e-3 for h in t.compute_s)  # the worker thread's CPU
     stepped = sum(t.round_s for t in unique)
     assert 0.8 * row.wall_s < stepped < row.wall_s  # the level is its steps, and little between them
     parts = summary(steps)

@@ -34,6 +34,7 @@ def test_request_round_and_stage_spans_carry_their_attributes(tiny_zoo):
         parts += r["dlm.compute_s.guider"]
         assert parts + r["dlm.compute_s.filter"] == pytest.approx(r["dlm.round_s"]) and r["dlm.overlap_s"] == 0
         assert r["dlm.idle_s.guider"] == pytest.approx(r["dlm.round_s"] - r["dlm.compute_s.guider"])
+        assert 0 < r["dlm.cpu_s.drafter"] <= r["dlm.compute_s.drafter"] + 1e-3
         assert r["dlm.flops.drafter"] > 0
     round_ids = {r.context.span_id for r in rounds}
     assert {s.name for s in stages} >= {"drafter.propose", "guider.verify", "filter.accept_probs"}

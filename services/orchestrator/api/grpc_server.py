@@ -10,7 +10,7 @@ import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import fields
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,6 +22,7 @@ from services.common.sampling import SamplingParams, fresh_seed
 from services.orchestrator.api.deltas import Deltas, RoundRow
 from services.orchestrator.api.frontend import AlreadyExists, Detached, Frontend, Job, Spec
 from services.orchestrator.api.relay import Relay, relayed
+from services.orchestrator.engine.round_timing import RoundTiming
 from services.orchestrator.engine.scheduler import ResourceExhausted, Unavailable
 from services.serving.cache_index import IndexUnavailable, OwnerAlive
 from services.serving.security import TokenAuth, api_key, server_credentials
@@ -207,9 +208,13 @@ class DlmServicer(rpc.DlmServiceServicer):
         )
 
 
+TIMING_FIELDS = tuple(f.name for f in fields(RoundTiming))
+
+
 def round_trace(row: RoundRow):
-    """A round's row, with its step's timing where it had one (the message's fields are RoundTiming's)."""
-    timing = asdict(row.timing) if row.timing is not None else {}
+    """A round's row, with its step's timing where it had one (the message's fields are RoundTiming's). Not
+    dataclasses.asdict, whose deep copy of the dicts took 0.26 ms of a 6-round request's last message, 0.07 without."""
+    timing = {name: getattr(row.timing, name) for name in TIMING_FIELDS} if row.timing is not None else {}
     return pb.RoundTrace(
         round=row.round, prefix_tokens=row.prefix_tokens, span_tokens=row.span_tokens, elapsed_s=row.elapsed_s, **timing
     )

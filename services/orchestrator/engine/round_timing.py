@@ -5,6 +5,7 @@ and served, where they are the round trips to the replicas less what the replica
 
     round = orchestrator + hops + queue + busy  busy: time some host computes (per phase, the union of its calls)
     idle[host] = round - compute[host]          overlap: time at least two hosts compute at once
+    cpu[host] <= compute[host]                  its thread on a core; a one-thread forward waited for one the rest
 
 queue: time a call was out while its host's thread still ran an earlier call (served, another engine's micro-batch),
 and no host computed for this step; hops: the rest of each phase, the round trips themselves. The round ends when its
@@ -38,6 +39,7 @@ class RoundTiming:
     tokens: dict[str, int] = field(default_factory=dict)  # host -> decoder tokens through its forwards
     calls: dict[str, int] = field(default_factory=dict)  # host -> batched calls
     requests: int = 1  # rounds in the step, which share this record
+    cpu_s: dict[str, float] = field(default_factory=dict)  # host -> CPU time of its thread in its calls
 
     @property
     def busy_s(self) -> float:
@@ -60,6 +62,7 @@ class RoundTiming:
             out[f"dlm.compute_s.{host}"] = s
             out[f"dlm.idle_s.{host}"] = idle[host]
             out[f"dlm.flops.{host}"] = self.flops.get(host, 0)
+            out[f"dlm.cpu_s.{host}"] = self.cpu_s.get(host, 0.0)
         return out
 
 
@@ -120,11 +123,12 @@ class StepClock:
         spans = [span for _, span, _ in self.computes]
         busy = length(union(spans))
         covered = length(union(spans + [wait for _, _, wait in self.computes]))
-        flops, tokens, calls = Counter(), Counter(), Counter()
+        flops, tokens, calls, cpu = Counter(), Counter(), Counter(), Counter()
         for c, _, _ in self.computes:
             flops[c.host] += c.flops
             tokens[c.host] += c.tokens
             calls[c.host] += 1
+            cpu[c.host] += c.cpu
         return RoundTiming(
             round_s,
             round_s - phases,
@@ -136,4 +140,5 @@ class StepClock:
             dict(tokens),
             dict(calls),
             max(requests, 1),
+            {h: cpu[h] for h in hosts},
         )

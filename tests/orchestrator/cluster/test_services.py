@@ -154,6 +154,7 @@ def test_a_served_round_breaks_down_into_the_replicas_compute_and_the_hops(servi
         # the guider's and the filter's calls go out together: any two of the three may overlap, so overlap is
         # bounded by what the hosts computed beyond the longest, not by the shortest
         assert max(computes) <= t.busy_s + 1e-9 and t.overlap_s <= sum(computes) - max(computes) + 1e-9
+        assert all(0 < t.cpu_s[h] <= t.compute_s[h] + 1e-3 for h in t.compute_s)  # each replica's host thread
     assert statistics.fmean(t.round_s for t in steps) <= row.ms_per_round / 1000  # within what a client waits
 
 
