@@ -9,7 +9,7 @@ call of that role's host: in process (orchestrator/engine/local_executor.py) or 
 keeps per-request KV, and which counter of a request's stats its calls feed.
 """
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -265,8 +265,10 @@ class Executor(Protocol):
     async def start(self) -> None:
         """Every host ready (models loaded, deployments healthy); before the first step."""
 
-    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
-        """Each group as one batched host call, all of them at once; a failed group fails only its requests."""
+    def execute(self, groups: Groups, parents: Parents = None) -> Awaitable[Results]:
+        """Each group as one batched host call, all of them at once; a failed group fails only its requests. The
+        calls are on their way when this returns (on the executor's thread, or written to the replicas): nothing
+        else the event loop runs first delays a phase."""
 
     def release(self, host: str, request_ids: list[str]) -> None:
         """Free ended requests' KV on the host that holds it; nothing waits on it."""

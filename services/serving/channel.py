@@ -101,18 +101,25 @@ class Channel:
         self.connecting: asyncio.Task | None = None
         self.closed: ChannelClosed | None = None
 
+    @property
+    def connected(self) -> bool:
+        """Connected and not broken: `request` may send on it."""
+        return self.writer is not None and self.closed is None
+
     async def call(self, payload: bytes) -> bytes:
-        """payload -> the reply's payload."""
-        writer = await self.connect()
+        """payload -> the reply's payload, connecting first where needed."""
+        await self.connect()
         if self.closed is not None:  # broke while connecting: nothing would answer
             raise self.closed
+        return await self.request(payload)
+
+    def request(self, payload: bytes) -> asyncio.Future[bytes]:
+        """On an open channel: the call's frame, written before this returns -> the future of its reply's payload."""
         call_id = next(self.ids)
         self.pending[call_id] = reply = asyncio.get_running_loop().create_future()
-        writer.write(frame(call_id, payload))
-        try:
-            return await reply
-        finally:
-            self.pending.pop(call_id, None)
+        reply.add_done_callback(lambda _: self.pending.pop(call_id, None))  # answered, failed, or given up
+        self.writer.write(frame(call_id, payload))
+        return reply
 
     def post(self, payload: bytes) -> None:
         """A call that wants no reply, sent without waiting; lost with the replica, whose state goes with it."""
@@ -139,6 +146,7 @@ class Channel:
             raise self.closed from e
         writer.write(frame(NO_REPLY, self.token))
         self.reading = asyncio.ensure_future(self.read(reader))
+        self.writer = writer
         return writer
 
     async def read(self, reader: asyncio.StreamReader) -> None:

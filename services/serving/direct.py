@@ -10,6 +10,7 @@ replicas it has a channel to, so that no round asks Serve again."""
 
 import itertools
 import pickle
+from collections.abc import Awaitable
 from types import SimpleNamespace
 
 from ray.serve.handle import DeploymentHandle
@@ -25,18 +26,31 @@ class DirectHandle:
         self.handle = handle
         self.channels: dict[str, Channel] = {}  # replica unique id -> its channel
         self.turn = itertools.count()
-        self.run = SimpleNamespace(remote=self.call)
+        self.run = SimpleNamespace(remote=self.start)
         self.release = SimpleNamespace(remote=self.free)
 
     def __getattr__(self, name: str):
         return getattr(self.handle, name)
 
-    async def call(
+    def start(
         self, method: str, args: list[Args], parents: list[str] | None, replica: str | None = None
-    ) -> list[Reply]:
-        replica, channel = await self.channel(replica or self.any_replica())
+    ) -> Awaitable[list[Reply]]:
+        """The call, its frame already written when this returns where the replica's channel is open: the replica
+        starts computing before the event loop runs anything else (a step's calls went out up to 1.1 ms late behind
+        the streams and index writes of the step before). Otherwise the channel is learnt and opened first."""
+        replica = replica or self.any_replica()
+        channel = self.channels.get(replica)
+        if channel is None or not channel.connected:
+            return self.call(method, args, parents, replica)
+        return self.answer(replica, channel.request(pickle.dumps(("call", method, args, parents))))
+
+    async def call(self, method: str, args: list[Args], parents: list[str] | None, replica: str | None) -> list[Reply]:
+        replica, channel = await self.channel(replica)
+        return await self.answer(replica, channel.call(pickle.dumps(("call", method, args, parents))))
+
+    async def answer(self, replica: str, reply: Awaitable[bytes]) -> list[Reply]:
         try:
-            status, value = pickle.loads(await channel.call(pickle.dumps(("call", method, args, parents))))
+            status, value = pickle.loads(await reply)
         except ChannelClosed:
             self.channels.pop(replica, None)
             raise

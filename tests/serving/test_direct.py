@@ -142,6 +142,24 @@ def test_kv_is_freed_over_the_replicas_channel_or_through_serve_before_one_is_kn
     assert ran[-1] == ("r0", "release", ["b"])
 
 
+def test_a_call_on_an_open_channel_is_sent_before_start_returns(ran):
+    """The replica has the frame while the loop that started the call is still busy: nothing that loop runs next
+    delays it."""
+    direct = DirectHandle(Serve(ran))
+
+    async def calls():
+        await direct.run.remote("propose", ["first"], None, replica="r0")  # learns and opens the channel
+        pending = direct.run.remote("propose", ["second"], None, replica="r0")
+        deadline = time.monotonic() + 10
+        while len(ran) < 2:  # blocks this loop: only a frame written already reaches the replica
+            assert time.monotonic() < deadline, "the call was not sent until awaited"
+            time.sleep(0.01)
+        return await pending
+
+    assert [r.value for r in asyncio.run(calls())] == ["r0"]
+    assert [args for _, _, args in ran] == [["first"], ["second"]]
+
+
 def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
     direct = DirectHandle(Serve(ran))
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
@@ -55,50 +56,49 @@ class RemoteExecutor:
         deployment = self.deployment(role)
         return self.placement.replica(request_id, deployment) or deployment
 
-    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
+    def execute(self, groups: Groups, parents: Parents = None) -> asyncio.Future[Results]:
         """Each group as calls of its replicas' `run` (services/serving/replica.py), with its calls' round
-        traceparents when traced."""
+        traceparents when traced; every call is sent before this returns (DirectHandle.start)."""
         keys = list(groups)
         calls = [self.call(*key, groups[key], parents and parents[key]) for key in keys]
-        return dict(zip(keys, await asyncio.gather(*calls, return_exceptions=True), strict=True))
+        return asyncio.ensure_future(gathered(keys, calls))
 
-    async def call(self, role: str, method: str, args: list[Args], parents: list[str] | None) -> list[Reply]:
-        """One group: a call per replica holding its requests' KV (one call for a stateless deployment)."""
-        deployment = self.deployment(role)
+    def call(self, role: str, method: str, args: list[Args], parents: list[str] | None) -> Awaitable[list[Reply]]:
+        """One group: a call per replica holding its requests' KV (one call for a stateless deployment), sent now."""
+        try:
+            deployment = self.deployment(role)
+        except ValueError as e:
+            return raised(e)
         if deployment not in self.placement.deployments:
-            return await self.send(role, deployment, None, method, args, parents)
+            return self.send(role, deployment, None, method, args, parents)
         live, parts = set(self.placement.live(deployment)), {}
         for i, call in enumerate(args):
             replica = self.placement.replica(call.req.id, deployment)
             if replica is None or (live and replica not in live):  # not placed yet, or its replica was scaled down
                 replica = self.placement.move(call.req.id, deployment, set())
             parts.setdefault(replica, []).append(i)
-        shares = await asyncio.gather(
-            *(self.pinned(role, deployment, replica, method, args, parents, at) for replica, at in parts.items()),
-            return_exceptions=True,
-        )
-        replies: list[Reply] = [None] * len(args)
-        for at, share in zip(parts.values(), shares, strict=True):
-            if isinstance(share, BaseException):
-                raise share
-            for i, reply in zip(at, share, strict=True):
-                replies[i] = reply
-        return replies
+        shares = [self.pinned(role, deployment, replica, method, args, parents, at) for replica, at in parts.items()]
+        return merged(len(args), list(parts.values()), shares)
 
-    async def pinned(self, role, deployment, replica, method, args, parents, at: list[int]) -> list[Reply]:
-        """The share of a group at positions `at` on one replica; moved and sent again if that replica is lost."""
+    def pinned(self, role, deployment, replica, method, args, parents, at: list[int]) -> Awaitable[list[Reply]]:
+        """The share of a group at positions `at` on one replica, sent now."""
         share, share_parents = [args[i] for i in at], parents and [parents[i] for i in at]
+        sent = self.send(role, deployment, replica, method, share, share_parents)
+        return self.settled(sent, role, deployment, replica, method, share, share_parents)
+
+    async def settled(self, sent, role, deployment, replica, method, share, share_parents) -> list[Reply]:
+        """A share's replies; moved and sent again if its replica is lost."""
         try:
-            return await self.send(role, deployment, replica, method, share, share_parents)
+            return await sent
         except LOST as e:
             log.warning("%s replica %s lost (%r): moving %d requests", deployment, replica, e, len(share))
             await self.move([call.req.id for call in share], deployment, replica, e)
         return await self.call(role, method, share, share_parents)
 
-    async def send(self, role, deployment, replica, method, args, parents) -> list[Reply]:
+    def send(self, role, deployment, replica, method, args, parents) -> Awaitable[list[Reply]]:
         self.batches[role][len(args)] += 1
         response = self.handles[deployment].run.remote(method, args, parents, replica=replica)
-        return await asyncio.wait_for(response, self.config.serving.call_timeout_s)
+        return asyncio.wait_for(response, self.config.serving.call_timeout_s)
 
     async def move(self, request_ids: list[str], deployment: str, lost: str, why: BaseException) -> None:
         """Re-place requests away from a lost replica, waiting for Serve to start one if none is live."""
@@ -154,3 +154,24 @@ class RemoteExecutor:
         roles = [role for role in ("drafter", "guider", "ar") if role in self.handles]
         held = await asyncio.gather(*(self.handles[role].held.remote() for role in roles))
         return dict(zip(roles, held, strict=True))
+
+
+async def gathered(keys: list, calls: list[Awaitable[list[Reply]]]) -> Results:
+    """Each group's replies, or what failed it."""
+    return dict(zip(keys, await asyncio.gather(*calls, return_exceptions=True), strict=True))
+
+
+async def merged(size: int, positions: list[list[int]], shares: list[Awaitable[list[Reply]]]) -> list[Reply]:
+    """A group's replies in its order, from its shares' at their positions; a share's failure fails the group."""
+    replies: list[Reply] = [None] * size
+    for at, share in zip(positions, await asyncio.gather(*shares, return_exceptions=True), strict=True):
+        if isinstance(share, BaseException):
+            raise share
+        for i, reply in zip(at, share, strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def raised(error: Exception) -> list[Reply]:
+    """A group that fails before any call is sent, as its call would."""
+    raise error

@@ -194,7 +194,7 @@ class Engine:
         while rounds.waiting:
             groups, parents = rounds.groups(), rounds.parents()
             sent = time.time()
-            call = asyncio.ensure_future(self.executor.execute(groups, parents))
+            call = asyncio.ensure_future(self.executor.execute(groups, parents))  # already sent
             while not call.done():
                 await asyncio.wait({call}, timeout=self.next_deadline(rounds))
                 self.expire(rounds, emit)

@@ -55,8 +55,8 @@ class LocalExecutor:
     def filter_block_size(self, family: str) -> int:
         return self.host("filter").block_sizes()[family]
 
-    async def execute(self, groups: Groups, parents: Parents = None) -> Results:
-        return await asyncio.get_running_loop().run_in_executor(self.worker, self.run, groups, parents)
+    def execute(self, groups: Groups, parents: Parents = None) -> asyncio.Future[Results]:
+        return asyncio.get_running_loop().run_in_executor(self.worker, self.run, groups, parents)
 
     def run(self, groups: Groups, parents: Parents) -> Results:
         results: Results = {}

@@ -41,6 +41,15 @@ def calls(*rids: str) -> list[SimpleNamespace]:
     return [SimpleNamespace(req=SimpleNamespace(id=rid)) for rid in rids]
 
 
+def run(remote: RemoteExecutor, groups: dict) -> dict:
+    """One phase's results: the executor sends its calls on the running loop."""
+
+    async def phase():
+        return await remote.execute(groups)
+
+    return asyncio.run(phase())
+
+
 def values(results, key=("drafter", "propose")) -> list:
     return [reply.value for reply in results[key]]
 
@@ -49,16 +58,37 @@ def test_a_group_goes_to_each_replica_with_only_the_requests_it_holds(hosts):
     remote, drafter = hosts
     for rid, tokens in [("a", 10), ("b", 10), ("c", 10)]:
         remote.placement.place(rid, tokens)  # a -> d0, b -> d1, c -> d0
-    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b", "c")}))
+    results = run(remote, {("drafter", "propose"): calls("a", "b", "c")})
     assert values(results) == ["d0", "d1", "d0"]
     assert sorted(drafter.calls) == [("d0", ["a", "c"]), ("d1", ["b"])]
+
+
+def test_every_call_is_sent_before_execute_returns(hosts):
+    """Sent at once on the running loop (DirectHandle.start writes the frame), not when the loop next runs the
+    phase's task: a step's calls went out behind the streams and index writes the step before had queued."""
+    remote, drafter = hosts
+    sent, remote_call = [], drafter.run.remote
+
+    def start(method, args, parents, replica=None):
+        sent.append(replica)
+        return remote_call(method, args, parents, replica)
+
+    drafter.run = SimpleNamespace(remote=start)
+    remote.placement.place("a", 10), remote.placement.place("b", 10)
+
+    async def phase():
+        results = remote.execute({("drafter", "propose"): calls("a", "b")})
+        assert sorted(sent) == ["d0", "d1"]  # before this coroutine let the loop run anything
+        return await results
+
+    assert values(asyncio.run(phase())) == ["d0", "d1"]
 
 
 def test_a_lost_replicas_requests_move_and_their_call_goes_again(hosts):
     remote, drafter = hosts
     remote.placement.place("a", 10), remote.placement.place("b", 10)
     drafter.dead.add("d0")
-    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b")}))
+    results = run(remote, {("drafter", "propose"): calls("a", "b")})
     assert values(results) == ["d1", "d1"]
     assert ("d0", ["a"]) in drafter.calls and ("d1", ["a"]) in drafter.calls
     assert remote.placement.replica("a", "drafter") == "d1" and not remote.resuming
@@ -68,7 +98,7 @@ def test_a_scaled_down_replicas_requests_move_before_the_call(hosts):
     remote, drafter = hosts
     remote.placement.place("a", 10), remote.placement.place("b", 10)
     live_replicas.LIVE["drafter"] = ["d1"]  # Serve drained d0
-    assert values(asyncio.run(remote.execute({("drafter", "propose"): calls("a", "b")}))) == ["d1", "d1"]
+    assert values(run(remote, {("drafter", "propose"): calls("a", "b")})) == ["d1", "d1"]
     assert drafter.calls == [("d1", ["a", "b"])]
 
 
@@ -77,12 +107,12 @@ def test_no_live_replica_within_the_resume_timeout_is_unavailable(hosts):
     remote.placement.place("a", 10)
     drafter.dead.update({"d0", "d1"})
     live_replicas.LIVE["drafter"] = ["d0"]
-    results = asyncio.run(remote.execute({("drafter", "propose"): calls("a")}))
+    results = run(remote, {("drafter", "propose"): calls("a")})
     assert isinstance(results["drafter", "propose"], Unavailable)
 
 
 def test_the_stateless_filter_is_one_call_to_any_replica(hosts):
     remote, _ = hosts
     filter_ = remote.handles["filter"]
-    asyncio.run(remote.execute({("filter", "accept_probs"): calls("a", "b")}))
+    run(remote, {("filter", "accept_probs"): calls("a", "b")})
     assert filter_.calls == [(None, ["a", "b"])]
