@@ -64,20 +64,21 @@ class RemoteExecutor:
         return asyncio.ensure_future(gathered(keys, calls))
 
     def call(self, role: str, method: str, args: list[Args], parents: list[str] | None) -> Awaitable[list[Reply]]:
-        """One group: a call per replica holding its requests' KV (one call for a stateless deployment), sent now."""
+        """One group: a call per replica holding its requests' KV (one call for a stateless deployment), sent now.
+        What fails before its calls are out fails the group alone, as a call's failure would."""
         try:
             deployment = self.deployment(role)
-        except ValueError as e:
+            if deployment not in self.placement.deployments:
+                return self.send(role, deployment, None, method, args, parents)
+            live, parts = set(self.placement.live(deployment)), {}
+            for i, call in enumerate(args):
+                replica = self.placement.replica(call.req.id, deployment)
+                if replica is None or (live and replica not in live):  # not placed yet, or its replica scaled down
+                    replica = self.placement.move(call.req.id, deployment, set())
+                parts.setdefault(replica, []).append(i)
+            shares = [self.pinned(role, deployment, r, method, args, parents, at) for r, at in parts.items()]
+        except Exception as e:
             return raised(e)
-        if deployment not in self.placement.deployments:
-            return self.send(role, deployment, None, method, args, parents)
-        live, parts = set(self.placement.live(deployment)), {}
-        for i, call in enumerate(args):
-            replica = self.placement.replica(call.req.id, deployment)
-            if replica is None or (live and replica not in live):  # not placed yet, or its replica was scaled down
-                replica = self.placement.move(call.req.id, deployment, set())
-            parts.setdefault(replica, []).append(i)
-        shares = [self.pinned(role, deployment, replica, method, args, parents, at) for replica, at in parts.items()]
         return merged(len(args), list(parts.values()), shares)
 
     def pinned(self, role, deployment, replica, method, args, parents, at: list[int]) -> Awaitable[list[Reply]]:

@@ -84,6 +84,21 @@ def test_every_call_is_sent_before_execute_returns(hosts):
     assert values(asyncio.run(phase())) == ["d0", "d1"]
 
 
+def test_a_group_that_fails_before_its_call_is_sent_fails_alone(hosts):
+    remote, _ = hosts
+    remote.placement.place("a", 10)
+
+    def unpicklable(method, args, parents, replica=None):
+        raise TypeError("cannot pickle the call")  # as DirectHandle.start would, sending it
+
+    remote.handles["filter"].run = SimpleNamespace(remote=unpicklable)
+    groups = {("ar", "decode"): calls("a"), ("filter", "accept_probs"): calls("a"), ("drafter", "propose"): calls("a")}
+    results = run(remote, groups)
+    assert isinstance(results["ar", "decode"], ValueError) and "'ar' is not served" in str(results["ar", "decode"])
+    assert isinstance(results["filter", "accept_probs"], TypeError)
+    assert values(results) == ["d0"]
+
+
 def test_a_lost_replicas_requests_move_and_their_call_goes_again(hosts):
     remote, drafter = hosts
     remote.placement.place("a", 10), remote.placement.place("b", 10)
