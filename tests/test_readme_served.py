@@ -157,4 +157,7 @@ def test_ctrl_c_stops_dlm_serve_quietly(servers):
     assert server.interrupt() == 0
     said = server.output()
     assert not [s for s in SPURIOUS if s in said], said
-    assert not [p for p in server.tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    # Ray's processes end just after `dlm serve` does (one was still running at the check in a clean-clone CI run):
+    # each gets a few seconds, and none may stay
+    _, alive = psutil.wait_procs(server.tree, timeout=15)
+    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], alive
