@@ -38,15 +38,16 @@ class DirectHandle:
         """The call, its frame already written when this returns where the replica's channel is open: the replica
         starts computing before the event loop runs anything else (a step's calls went out up to 1.1 ms late behind
         the streams and index writes of the step before). Otherwise the channel is learnt and opened first."""
-        replica = replica or self.any_replica()
+        payload, replica = pickle.dumps(("call", method, args, parents)), replica or self.any_replica()
         channel = self.channels.get(replica)
         if channel is None or not channel.connected:
-            return self.call(method, args, parents, replica)
-        return self.answer(replica, channel.request(pickle.dumps(("call", method, args, parents))))
+            return self.opened(replica, payload)
+        return self.answer(replica, channel.request(payload))
 
-    async def call(self, method: str, args: list[Args], parents: list[str] | None, replica: str | None) -> list[Reply]:
+    async def opened(self, replica: str | None, payload: bytes) -> list[Reply]:
+        """The call once the replica's channel is learnt and connected."""
         replica, channel = await self.channel(replica)
-        return await self.answer(replica, channel.call(pickle.dumps(("call", method, args, parents))))
+        return await self.answer(replica, channel.call(payload))
 
     async def answer(self, replica: str, reply: Awaitable[bytes]) -> list[Reply]:
         try:

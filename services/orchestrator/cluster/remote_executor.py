@@ -163,7 +163,7 @@ async def gathered(keys: list, calls: list[Awaitable[list[Reply]]]) -> Results:
 
 
 async def merged(size: int, positions: list[list[int]], shares: list[Awaitable[list[Reply]]]) -> list[Reply]:
-    """A group's replies in its order, from its shares' at their positions; a share's failure fails the group."""
+    """A group's replies in its order, each share's at its positions; a share's failure fails the group."""
     replies: list[Reply] = [None] * size
     for at, share in zip(positions, await asyncio.gather(*shares, return_exceptions=True), strict=True):
         if isinstance(share, BaseException):

@@ -140,5 +140,5 @@ class StepClock:
             dict(tokens),
             dict(calls),
             max(requests, 1),
-            {h: cpu[h] for h in hosts},
+            dict(cpu),
         )
