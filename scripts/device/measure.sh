@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
-# --breakdown); served c=1 with overlap off and on, then follow=guider at lookahead 0 and 2, each taking turns; every
+# --breakdown); served c=1 with overlap off and on, taking turns, then follow=guider at lookahead 0 and 2; every
 # strategy's tokens (tokens.py); the --strategies baselines, following the drafter and the guider; the no-op round trip
-# per transport.
+# per transport. It first decodes one prompt in process, and ends there if that fails.
 #
 # Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12)
 # and .venv/bin/python -m services.serving.protogen (the gRPC stubs the call carries).
@@ -29,13 +29,15 @@ B="bench --strategy pipeline --max-new-tokens 48 --breakdown"
 rows() { grep -E '^ +(1|16) +[0-9]' $1 | tee -a $S; grep -E 'Error|Traceback' $1 | head -3 | tee -a $S; }
 inproc() { timeout 150 $DLM --config $C/dlm.yaml $B --concurrency 1,16 > $O/t.txt 2>&1; log "in process $1 rc=$?"; cat $O/t.txt >> $L; rows $O/t.txt; }
 served() { timeout 120 $DLM --config $C/serve.yaml $B --concurrency $2 --target 127.0.0.1:50051 $3 > $O/t.txt 2>&1; log "served $1 $3 rc=$?"; cat $O/t.txt >> $L; rows $O/t.txt; }
+timeout 90 $DLM --config $C/dlm.yaml generate "sort: 42 7 19 88 3 55" --stats > $O/t.txt 2>&1; rc=$?
+log "smoke rc=$rc"; grep -v Loading $O/t.txt | tail -30 | tee -a $S; [ $rc = 0 ] || exit 1
 inproc 1
-setsid $DLM --config $C/serve.yaml serve > $O/serve.log 2>&1 < /dev/null &
-for i in $(seq 1 90); do sleep 2; grep -q 'serving on' $O/serve.log && break; grep -q Traceback $O/serve.log && break; done
-log "serve up after $((i*2)) s"
+setsid $DLM --config $C/serve.yaml serve > $O/serve.log 2>&1 < /dev/null & srv=$!
+for i in $(seq 1 90); do sleep 2; grep -q 'serving on' $O/serve.log && break; grep -q Traceback $O/serve.log && break; kill -0 $srv 2> /dev/null || break; done
+log "serve up after $((i*2)) s"; grep -q 'serving on' $O/serve.log || { tail -40 $O/serve.log | tee -a $S; exit 1; }
 served 1 1,16 ""
 for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
-for la in 0 2 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
+for la in 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
 pkill -INT -f "serve.yaml serve"; for i in $(seq 1 15); do sleep 1; pgrep -f "serve.yaml serve" > /dev/null || break; done
 $PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; pkill -9 -f redis-server; log "serve stopped"
 inproc 2

@@ -103,8 +103,8 @@ class IndexAdmission(LedgerAdmission):
         entry.order, entry.token_ids = list(req.order), req.tokens[req.order].tolist()  # a resumed request has some
         entry.committed_len, entry.streamed, entry.snapshot = len(req.order), req.emitted, snapshot(req)
         record = self.records[req.id] = Record(entry, er.tokens, chosen)
+        self.wake()  # before the push: the step that admits it then runs before the index writer's task
         self.writer.push(whole(record))
-        self.wake()
 
     def progress(self, er: EngineRequest) -> None:
         """At the round's commit: its new commits, the request's state after it, the tokens streamed by then."""

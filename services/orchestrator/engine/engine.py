@@ -238,8 +238,9 @@ class Engine:
             if isinstance(result, BaseException):
                 emit(self.end(er, "error", result))
                 continue
-            self.scheduler.admission.progress(er)
+            # emitted before its progress is recorded: its stream's task then wakes before the index writer's
             emit(RequestOutput.of(er.req, result, timing))
+            self.scheduler.admission.progress(er)
             if er.req.finished:
                 self.end(er)
         self.flush_releases()

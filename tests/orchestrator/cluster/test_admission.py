@@ -268,3 +268,27 @@ async def test_a_request_waiting_for_its_reservation_is_refused_when_the_index_g
     await settled(eng.scheduler.admission, down=False)
     again = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
     await steps_until(eng, lambda: again.id in running(eng))  # the index is back: admitted
+
+
+async def test_a_placed_request_wakes_the_engines_before_its_record_is_queued(engine, index):
+    """The step that admits it then runs before the index writer sends the record (admission.placed)."""
+    eng, events = engine_with(engine, index, budget=1000), []
+    admission = eng.scheduler.admission
+    await admission.start(lambda: events.append("wake"))
+    push = admission.writer.push
+
+    def pushed(write):
+        events.append("push")
+        push(write)
+
+    admission.writer.push = pushed
+    try:
+        req = eng.add_request("count from 1 to 9:", "streaming", max_new_tokens=8)
+        for _ in range(200):
+            if events:
+                break
+            await asyncio.sleep(0.01)
+        assert events == ["wake", "push"] and admission.admit(eng.requests[req.id])
+    finally:
+        eng.cancel([er.req for er in eng.requests.values()])
+        await admission.stop()

@@ -8,6 +8,7 @@ import pytest
 
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
+from services.orchestrator.engine.scheduler import LedgerAdmission
 
 PROMPTS = ["count from 1 to 9:", "copy: the lazy dog", "def add(a, b):", "sort 5 3 9 1:"]
 MIXED = [
@@ -25,6 +26,21 @@ MIXED = [
 def own_engine(engine) -> Engine:
     """An engine of its own (its own scheduler) over the session's loaded models."""
     return Engine(engine.config, executor=engine.executor)
+
+
+def test_a_round_is_emitted_before_its_progress_is_recorded(engine):
+    """Its stream's task then wakes before the index writer's (engine.update): the client's tokens never wait on the
+    record of the round."""
+    events = []
+
+    class Recording(LedgerAdmission):
+        def progress(self, er):
+            events.append(("progress", er.req.id))
+
+    eng = Engine(engine.config, engine.executor, Recording(engine.executor.placement))
+    req = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 8)
+    asyncio.run(eng.step_async(lambda out: events.append(("emit", out.request_id))))
+    assert events == [("emit", req.id), ("progress", req.id)]
 
 
 def test_mixed_batch_gives_each_request_its_tokens_alone(engine):

@@ -1,0 +1,24 @@
+"""scripts/device/profile_round.py, which the README cites for where a GPU step goes: on the CPU it profiles the
+step's model calls too (they run on the calling thread), and reports every step it ran."""
+
+import re
+
+import pytest
+
+from tests.readme import run_script
+from tests.zoo import needs_zoo
+
+
+@pytest.mark.slow
+@needs_zoo
+def test_it_profiles_the_steps_model_calls_at_both_levels():
+    out = run_script("scripts/device/profile_round.py", "configs/dlm.yaml")
+    levels = re.findall(
+        r"^== c=(\d+): (\d+) steps in [\d.]+ ms, [\d.]+ ms per step; per step: profiled CPU ops "
+        r"([\d.]+) ms",
+        out,
+        re.M,
+    )
+    assert [c for c, _, _ in levels] == ["1", "16"]
+    assert all(int(n) > 0 for _, n, _ in levels)
+    assert "aten::mm" in out  # the forwards' matmuls: the hosts ran where the profiler looks
