@@ -3,6 +3,8 @@ same KV in each request's cache, uncached and over caches, causal and bidirectio
 embeddings and logical (out-of-order) positions, for each family it runs (Qwen3's q/k norm, Qwen2's q/k/v biases,
 Llama's output bias). The norms' weights are random, so that dropping any of them shows."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import (
@@ -23,6 +25,8 @@ from services.common.models import make_bidirectional
 from tests.tiny import qwen3_kwargs
 
 V = 300
+# the cache's keyword in transformers' forward: `cache` from 5.2x, `past_key_values` before (the GPU image's 5.17)
+CACHE = "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
 FAMILIES = {
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**qwen3_kwargs(V))),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**qwen3_kwargs(V, tie_word_embeddings=False))),
@@ -59,15 +63,15 @@ def transformers_forward(model, past: tuple[list, list], item: Item, causal: boo
     cache, (ids, pos) = DynamicCache(), past
     if ids:
         mask = request_mask(0, len(ids), causal, None)[None, None]
-        model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), attention_mask=mask, cache=cache)
+        model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), attention_mask=mask, **{CACHE: cache})
     n = len(item.input_ids)
     inputs = {"inputs_embeds": item.embeds[None]} if item.embeds is not None else {}
     out = model(
         input_ids=None if inputs else torch.tensor([item.input_ids]),
         position_ids=torch.tensor([item.position_ids]),
         attention_mask=request_mask(len(ids), n, causal, item.groups)[None, None],
-        cache=cache,
         use_cache=True,
+        **{CACHE: cache},
         **inputs,
     )
     return out.logits[0], cache
