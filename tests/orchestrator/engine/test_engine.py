@@ -29,8 +29,8 @@ def own_engine(engine) -> Engine:
 
 
 def test_a_round_is_emitted_before_its_progress_is_recorded(engine):
-    """Its stream's task then wakes before the index writer's (engine.update): the client's tokens never wait on the
-    record of the round."""
+    """Its stream's task then wakes before the index writer's (engine.update): the client's tokens do not wait for the
+    writer's turn of the event loop."""
     events = []
 
     class Recording(LedgerAdmission):
