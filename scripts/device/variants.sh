@@ -6,6 +6,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 R=$PWD; O=${OUT:-/tmp/out}; C=scripts/device; mkdir -p $O
+trap 'rm -f $C/v.yaml $O/t.txt' EXIT  # the layout's config sits beside serve.yaml: its model paths are relative
 t0=$(date +%s); log() { echo "### $* [$(( $(date +%s) - t0 )) s]" | tee -a $O/summary.txt; }
 [ -d /tmp/b/site ] || { mkdir -p /tmp/b && tar xJf .gpu/bundle.tar.xz -C /tmp/b; }
 export PYTHONPATH=/tmp/b/site:$R REDIS_SERVER=/tmp/b/redis-server
@@ -22,4 +23,4 @@ layout() {  # orchestrator replicas, micro_batches
   $PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; pkill -9 -f redis-server
 }
 layout 2 2; layout 1 1; layout 1 2; layout 2 2
-rm -f $O/t.txt $C/v.yaml; log done
+log done
