@@ -9,6 +9,7 @@ The binary is $REDIS_SERVER, else `redis-server` on PATH, next to the running Py
 import contextlib
 import importlib.util
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -34,9 +35,27 @@ def find_redis_server() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that nothing holds, chosen below the kernel's ephemeral range. A port from that range (what a
+    bind to port 0 returns) can be taken, before its server binds it, as the local port of any outgoing connection,
+    and the server then fails with EADDRINUSE: a CI run lost a Serve app's gRPC port so, to a connection of Ray's."""
+    for port in random.sample(range(FIRST_PORT, ephemeral_start()), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in [{FIRST_PORT}, {ephemeral_start()})")
+
+
+FIRST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
+
+
+def ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class RedisProcess:

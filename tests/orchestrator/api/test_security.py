@@ -3,7 +3,6 @@
 import datetime
 import ipaddress
 import os
-import socket
 import threading
 import time
 import urllib.error
@@ -21,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.cli.client import DlmClient
 from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.engine.engine import Engine
+from services.serving.redis_process import free_port
 from services.serving.wire import SERVICE, pb
 from tests.orchestrator.api.test_server import PROMPT, Harness
 
@@ -184,12 +184,6 @@ def test_no_token_configured_means_open(engine, monkeypatch):
         assert generates(served.client)
     finally:
         served.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, token: str | None = None, body: bytes | None = None) -> int:

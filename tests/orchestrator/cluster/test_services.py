@@ -3,7 +3,6 @@
 import contextlib
 import os
 import signal
-import socket
 import statistics
 import threading
 import time
@@ -20,6 +19,7 @@ from services.common.config import EngineConfig, ServingConfig
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.serving.ray_env import set_ray_env
+from services.serving.redis_process import free_port
 from tests.replica_processes import cluster_replica_pids
 
 pytestmark = pytest.mark.e2e
@@ -33,12 +33,6 @@ CASES = {
     "credit": {"drafter": "causal", "block_size": 8},  # its gate's [block, V] scores stay with the engine
 }
 PROMPT = "count from 1 to 9:"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -63,7 +57,7 @@ def served_app_on(engine: dict, config_path, num_cpus: int, http_port: int | Non
     set_ray_env()
     # a cluster of its own, not the newest one on the machine (ray.init() would join that)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
-    port = free_port()  # once Ray's own processes hold their ports, so that none of them takes this one
+    port = free_port()  # below the ephemeral range: no connection of Ray's takes it before the app binds it
     engine = {**engine, "serving": {**engine.get("serving", {}), "port": port}}
     config_path.write_text(yaml.safe_dump({"engine": engine}))
     client = DlmClient(f"127.0.0.1:{port}", timeout=120)
