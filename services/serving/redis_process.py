@@ -34,21 +34,24 @@ def find_redis_server() -> str | None:
     return None
 
 
+FIRST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
+
+
 def free_port() -> int:
     """A loopback port that nothing holds, chosen below the kernel's ephemeral range. A port from that range (what a
     bind to port 0 returns) can be taken, before its server binds it, as the local port of any outgoing connection,
     and the server then fails with EADDRINUSE: a CI run lost a Serve app's gRPC port so, to a connection of Ray's."""
-    for port in random.sample(range(FIRST_PORT, ephemeral_start()), 100):
+    below = range(FIRST_PORT, ephemeral_start())
+    for port in random.sample(below, min(len(below), 100)):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free loopback port in [{FIRST_PORT}, {ephemeral_start()})")
-
-
-FIRST_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
+    with socket.socket() as s:  # none free below the range, or no room below it: the kernel's choice
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def ephemeral_start() -> int:

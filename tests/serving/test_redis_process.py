@@ -22,3 +22,9 @@ def test_a_held_port_is_never_chosen(monkeypatch):
         spare.close()
         monkeypatch.setattr("random.sample", lambda population, k: iter([taken, free]))
         assert free_port() == free
+
+
+def test_a_kernel_with_no_room_below_its_range_gets_the_kernels_choice(monkeypatch):
+    monkeypatch.setattr("services.serving.redis_process.ephemeral_start", lambda: FIRST_PORT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
