@@ -14,14 +14,11 @@
 # Results: $OUT/summary.txt (the table rows), $OUT/bench.txt (every breakdown), $OUT/tokens_gpu.json; compare the
 # tokens with this machine's: DLM_DEVICE=cpu PYTHONPATH=. python scripts/device/tokens.py scripts/device/dlm.yaml cpu.json
 set -u
-export PYTHONUNBUFFERED=1
-R=$PWD; O=${OUT:-/tmp/out}; C=scripts/device; mkdir -p $O
+O=${OUT:-/tmp/out}; C=scripts/device; mkdir -p $O
 S=$O/summary.txt; L=$O/bench.txt
 t0=$(date +%s)
 log() { echo "### $* [$(date +%T), $(( $(date +%s) - t0 )) s]" | tee -a $S $L; }
-[ -d /tmp/b/site ] || { mkdir -p /tmp/b && tar xJf .gpu/bundle.tar.xz -C /tmp/b; }
-export PYTHONPATH=/tmp/b/site:$R REDIS_SERVER=/tmp/b/redis-server
-PY=python3; DLM="$PY -m services.cli.cli"
+. $C/serving.sh
 log setup
 { nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv; nproc
   $PY -c "import torch, transformers, ray; print(torch.__version__, transformers.__version__, ray.__version__)"; } 2>&1 | tee -a $S
@@ -32,14 +29,12 @@ served() { timeout 120 $DLM --config $C/serve.yaml $B --concurrency $2 --target 
 timeout 90 $DLM --config $C/dlm.yaml generate "sort: 42 7 19 88 3 55" --stats > $O/t.txt 2>&1; rc=$?
 log "smoke rc=$rc"; grep -v Loading $O/t.txt | tail -30 | tee -a $S; [ $rc = 0 ] || exit 1
 inproc 1
-setsid $DLM --config $C/serve.yaml serve > $O/serve.log 2>&1 < /dev/null & srv=$!
-for i in $(seq 1 90); do sleep 2; grep -q 'serving on' $O/serve.log && break; grep -q Traceback $O/serve.log && break; kill -0 $srv 2> /dev/null || break; done
-log "serve up after $((i*2)) s"; grep -q 'serving on' $O/serve.log || { tail -40 $O/serve.log | tee -a $S; exit 1; }
+serve_up $C/serve.yaml $O/serve.log; up=$?
+log "serve up after $waited s"; [ $up = 0 ] || { tail -40 $O/serve.log | tee -a $S; exit 1; }
 served 1 1,16 ""
 for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
 for la in 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
-pkill -INT -f "serve.yaml serve"; for i in $(seq 1 15); do sleep 1; pgrep -f "serve.yaml serve" > /dev/null || break; done
-$PY -m ray.scripts.scripts stop --force > /dev/null 2>&1; pkill -9 -f redis-server; log "serve stopped"
+serve_down $C/serve.yaml; log "serve stopped"
 inproc 2
 timeout 100 $PY $C/tokens.py $C/dlm.yaml $O/tokens_gpu.json > $O/t.txt 2>&1; log "tokens rc=$?"; grep -v Loading $O/t.txt | tee -a $S
 for f in "" "--set follow=guider"; do
