@@ -229,6 +229,8 @@ async def test_dlm_client_resumes_across_its_orchestrator_killed(serve_on, recor
     chunks, received = client.stream(PROMPT, request_id="moved", **kwargs), []
     event = await asyncio.to_thread(next, chunks)
     received.append(event)
+    for driver in first.backend.drivers:  # decoding stops first: else the request could end while the index drains
+        await halt(driver)
     await drained(first_admission)
     await sigkill(first, first_admission)
     if record == "gone":
