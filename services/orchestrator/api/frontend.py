@@ -1,8 +1,9 @@
 """The one frontend that gRPC and the OpenAI routes share: open a request, read its outputs, abort it. An asyncio
 task per engine drives its steps; handlers only queue requests and read their output queues, and no request has a
 thread of its own. A driver sleeps while its engine has nothing to run and wakes on a new request, an abort, or room
-freed by a request that ended on any engine. The same frontend serves the in-process engine (`dlm serve --local`,
-tests) and the engine over Ray Serve deployments (services/orchestrator/cluster/app.py)."""
+for a request it holds waiting (a reservation, or KV freed by a request that ended on any engine). The same frontend
+serves the in-process engine (`dlm serve --local`, tests) and the engine over Ray Serve deployments
+(services/orchestrator/cluster/app.py)."""
 
 import asyncio
 import logging
@@ -93,7 +94,8 @@ class Job:
         return self.req.finish_reason
 
     def cancel(self, reason: str = "cancelled") -> None:
-        if self.detached:  # the request is another stream's now
+        """End the request at its engine's next step; nothing (no step) once it ended or another stream took it."""
+        if self.detached or self.req.finished:
             return
         self.engine.abort(self.request_id, reason)
         self.frontend.wake(self.engine)
@@ -134,7 +136,7 @@ class Frontend:
         """Load every model, then start driving steps."""
         await self.engine.executor.start()
         for admission in dict.fromkeys(e.scheduler.admission for e in self.engines):
-            await admission.start(self.wake_all)
+            await admission.start(self.wake_waiting)
         self.ready = True
         self.drivers = [asyncio.create_task(self.drive(engine)) for engine in self.engines]
 
@@ -203,13 +205,13 @@ class Frontend:
     def wake(self, engine: Engine) -> None:
         self.wakes[engine].set()
 
-    def wake_all(self) -> None:
-        for wake in self.wakes.values():
-            wake.set()
+    def wake_waiting(self) -> None:
+        """Room came (a reservation, or a request's KV freed): the engines with requests waiting for it step."""
+        for engine, wake in self.wakes.items():
+            if engine.scheduler.waiting:
+                wake.set()
 
     def emit(self, out: RequestOutput) -> None:
-        if out.finished:  # its KV room is free: a request waiting on any engine may fit now
-            self.wake_all()
         job = self.jobs.get(out.request_id)
         if job is None:
             return
@@ -268,12 +270,13 @@ class Frontend:
         return [rid for engine in self.engines for rid in engine.requests]
 
     async def shutdown(self) -> None:
-        """Every live request ends as cancelled at the next step; wait for the drivers to deliver that."""
+        """Every live request ends as cancelled at the next step; wait until the drivers have ended (and released)
+        every one, rather than until the streams have their last outputs."""
         for engine in self.engines:
             for rid in list(engine.requests):
                 engine.abort(rid)
             self.wake(engine)
-        while self.jobs and self.drivers and not all(d.done() for d in self.drivers):
+        while self.live() and self.drivers and not all(d.done() for d in self.drivers):
             await asyncio.sleep(0.01)
         for driver in self.drivers:
             driver.cancel()

@@ -57,7 +57,6 @@ class IndexAdmission(LedgerAdmission):
         self.refusals: dict[str, Exception] = {}  # waiting request id -> why the index refused it
         self.writer = IndexWriter(index, self.restore, owner, lease_s)
         self.reserver = Reserver(index, placement, self.placed, self.refused)
-        self.wake: Callable[[], None] = lambda: None
 
     @property
     def address(self) -> str:
@@ -69,7 +68,7 @@ class IndexAdmission(LedgerAdmission):
 
     async def start(self, wake: Callable[[], None]) -> None:
         await self.writer.start()
-        self.wake = wake
+        await super().start(wake)
         self.reserver.start()
 
     async def stop(self) -> None:

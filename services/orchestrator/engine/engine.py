@@ -240,9 +240,10 @@ class Engine:
                 continue
             # emitted before its progress is recorded: its stream's task then wakes before the index writer's
             emit(RequestOutput.of(er.req, result, timing))
-            self.scheduler.admission.progress(er)
             if er.req.finished:
-                self.end(er)
+                self.end(er)  # its record leaves the index with it: no last commit to write first
+            else:
+                self.scheduler.admission.progress(er)
         self.flush_releases()
         self.telemetry.queue(len(self.scheduler.running), len(self.scheduler.waiting))
 

@@ -59,9 +59,10 @@ class LedgerAdmission:
 
     def __init__(self, placement: Placement):
         self.placement = placement
+        self.wake: Callable[[], None] = lambda: None
 
     async def start(self, wake: Callable[[], None]) -> None:
-        pass
+        self.wake = wake
 
     async def stop(self) -> None:
         pass
@@ -83,6 +84,7 @@ class LedgerAdmission:
 
     def release(self, er: EngineRequest) -> None:
         self.placement.free(er.req.id)
+        self.wake()  # its room is free: a request waiting for it may fit now
 
 
 class Scheduler:

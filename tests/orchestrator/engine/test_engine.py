@@ -30,17 +30,22 @@ def own_engine(engine) -> Engine:
 
 def test_a_round_is_emitted_before_its_progress_is_recorded(engine):
     """Its stream's task then wakes before the index writer's (engine.update): the client's tokens do not wait for the
-    writer's turn of the event loop."""
+    writer's turn of the event loop. A request that ended in its round is released with no last commit."""
     events = []
 
     class Recording(LedgerAdmission):
         def progress(self, er):
             events.append(("progress", er.req.id))
 
+        def release(self, er):
+            events.append(("release", er.req.id))
+            super().release(er)
+
     eng = Engine(engine.config, engine.executor, Recording(engine.executor.placement))
-    req = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 8)
+    going = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 8)
+    ending = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 1)  # ends in its first round
     asyncio.run(eng.step_async(lambda out: events.append(("emit", out.request_id))))
-    assert events == [("emit", req.id), ("progress", req.id)]
+    assert events == [("emit", going.id), ("progress", going.id), ("emit", ending.id), ("release", ending.id)]
 
 
 def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
