@@ -270,13 +270,12 @@ class Frontend:
         return [rid for engine in self.engines for rid in engine.requests]
 
     async def shutdown(self) -> None:
-        """Every live request ends as cancelled at the next step; wait until the drivers have ended (and released)
-        every one, rather than until the streams have their last outputs."""
+        """Every live request ends as cancelled at the next step; wait for the drivers to deliver that."""
         for engine in self.engines:
             for rid in list(engine.requests):
                 engine.abort(rid)
             self.wake(engine)
-        while self.live() and self.drivers and not all(d.done() for d in self.drivers):
+        while self.jobs and self.drivers and not all(d.done() for d in self.drivers):
             await asyncio.sleep(0.01)
         for driver in self.drivers:
             driver.cancel()

@@ -42,7 +42,7 @@ def counting_steps(frontend: Frontend) -> list[int]:
 
 def test_a_request_waiting_for_room_on_one_engine_starts_when_a_request_on_another_ends(engine):
     """Its room is freed at the other engine's step, after that step emitted the last output: the release wakes it.
-    A shutdown as soon as the streams end still releases both requests' KV."""
+    Both requests' KV is released by the time the frontend has shut down."""
     need = len(engine.request("count from 1 to 9:", 8).prompt_ids) + 8
     ledger = Placement(["drafter", "guider"], lambda host: [f"{host}-0"], need + need // 2)  # room for one at a time
     frontend = Frontend(*(Engine(engine.config, engine.executor, LedgerAdmission(ledger)) for _ in range(2)))
