@@ -24,21 +24,41 @@ def replica_pids(deployment: str, marker: str | None = None, app: str = "dlm") -
     return pids
 
 
+def cluster_replica_actors(deployment: str, app: str = "dlm") -> list:
+    """The actors of the app's replicas of a deployment, in the Ray cluster this process is connected to."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    actors = []
+    for name in names:
+        try:
+            actors.append(ray.get_actor(name, namespace="serve"))
+        except ValueError:  # a replica that died meanwhile
+            continue
+    return actors
+
+
 def cluster_replica_pids(deployment: str, app: str = "dlm") -> list[int]:
     """The PIDs of the app's live replicas of a deployment, from the Ray cluster this process is connected to (not
     by title: other clusters may run on the machine)."""
     import ray
 
-    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
     pids = []
-    for name in names:
+    for actor in cluster_replica_actors(deployment, app):
         try:
-            actor = ray.get_actor(name, namespace="serve")
             pids.append(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=30))
-        except (ValueError, ray.exceptions.RayError):  # a replica that died meanwhile
+        except ray.exceptions.RayError:  # a replica that died meanwhile
             continue
     return pids
+
+
+def forward_threads(deployment: str, app: str = "dlm") -> set[int]:
+    """Torch's intra-op threads of the forwards of the deployment's replicas (the router spreads 8 asks over them)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name=app)
+    return {handle.threads.remote().result(timeout_s=30) for _ in range(8)}
 
 
 def serving_connection(pids: list[int], port: int) -> int | None:

@@ -1,6 +1,8 @@
 """An AR model of one replica (the guider, the AR baseline) behind the contract's ARHost methods
 (services/common/contract.py), one Reply per request."""
 
+import torch
+
 from services.ar_guider.guider import Guider
 from services.common.contract import ARForward, Lookahead, Reply, Verify
 from services.common.kv_manager import KVManager
@@ -29,3 +31,6 @@ class GuiderHost:
 
     def held(self) -> dict[str, int]:
         return self.kv.held()
+
+    def check_health(self) -> None:
+        torch.ones(1, device=self.guider.decoder.device).add_(1)  # the device is usable

@@ -9,7 +9,7 @@ from services.cli.breakdown import work_of
 from services.cli.load import LoadRow
 from services.common.checkpoints import read_config
 from services.common.config import EngineConfig
-from services.orchestrator.engine.local_executor import DEFAULT_THREADS, intra_op_threads
+from services.common.threads import DEFAULT_THREADS, intra_op_threads
 from services.orchestrator.engine.round_timing import RoundTiming
 
 

@@ -76,19 +76,28 @@ class ServingConfig:
     http_port: int = 8000  # the Serve HTTP proxy: the OpenAI-compatible API on host:http_port/v1
     num_gpus: float = 0  # per model deployment: 1 on a GPU cluster gives each model its own GPU
     max_concurrency: int = 64  # requests a step advances at once (vLLM's max_num_seqs); the rest wait
-    micro_batches: int = 2  # served engines over the same replicas, stepping apart so that their stages overlap
+    # served engines over the same replicas, stepping apart so that their stages overlap; None: 2 over separate
+    # deployments, 1 colocated, whose replica runs one call at a time (two engines only halved its batches: served c=1
+    # 319 and 331 against 386 and 443 tok/s, c=16 890 and 714 against 914 and 1105, taking turns)
+    micro_batches: int | None = None
     redis_url: str | None = None  # the cache index; None: `dlm serve` starts a redis-server on loopback
-    # torch threads per model replica on CPU. A replica's forwards run on its channel's thread (serving/replica.py),
-    # where a team of 2 gained nothing on 2 cores: served pipeline c=1, drafter 11.4-11.5 against 11.3-12.4 ms a
-    # round with the replicas' OMP_WAIT_POLICY=PASSIVE (cluster/app.py), and with spinning teams c=16 fell to a third
-    # (327 against 965 tok/s). With 1 each, the drafter and the guider compute at once on different micro-batches
+    # torch threads per model replica on CPU, set on the channel's thread that runs its forwards (serving/replica.py;
+    # Ray sets a worker's OMP_NUM_THREADS to its reserved CPUs, so set elsewhere they never reached it). A team of 2
+    # loses on 2 cores, its threads sleeping between ops (the replicas' OMP_WAIT_POLICY=PASSIVE, cluster/app.py):
+    # served pipeline c=1 289, 266 and 233 against 318, 297 and 262 tok/s, c=16 820, 809 and 721 against 830, 873
+    # and 767, taking turns. With 1 each, the drafter and the guider compute at once on different micro-batches
     replica_threads: int = 1
-    kv_budget_tokens: int = 65536  # per drafter / guider replica
+    # One deployment, `models`, whose replicas run every model (drafter, guider, AR baseline, filter), on CPU with a
+    # thread per core: for models that share one device (one GPU, a CPU box), in one process rather than one each
+    # splitting it. Off: one deployment per model, each on a device of its own (num_gpus 1 on a GPU cluster)
+    colocate: bool = False
+    kv_budget_tokens: int = 65536  # per replica holding KV; a request counts once on a colocated one
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
     request_ttl_s: int = 600  # cache-index entries of abandoned requests expire
     lease_s: float = 2.0  # an orchestrator's lease in the index: its requests are adopted this long after it died
-    # deployment -> replicas (orchestrator, drafter, guider, ar, filter); 1 by default. Orchestrator replicas share
-    # the gRPC port (SO_REUSEPORT), the OpenAI API (the Serve proxy), the model replicas and the cache index's ledger
+    # deployment -> replicas (orchestrator, drafter, guider, ar, filter; models when colocated); 1 by default.
+    # Orchestrator replicas share the gRPC port (SO_REUSEPORT), the OpenAI API (the Serve proxy), the model replicas
+    # and the cache index's ledger
     replicas: dict[str, int] = field(default_factory=dict)
     # deployment -> custom Ray resources each of its replicas needs, e.g. {"drafter": {"gpu_node_a": 1}}: which node
     # (which machine) runs it, where the nodes were started with those resources (`ray start --resources`)
@@ -115,12 +124,12 @@ class ServingConfig:
             raise ValueError("serving.tls_client_ca_file (mTLS) needs serving.tls_cert_file and tls_key_file")
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
-        counts = (self.max_concurrency, self.micro_batches, self.kv_budget_tokens)
+        counts = (self.max_concurrency, 1 if self.micro_batches is None else self.micro_batches, self.kv_budget_tokens)
         if min(counts) < 1 or min(self.num_gpus, self.max_queue) < 0:
             raise ValueError(
                 "serving: num_gpus >= 0, max_queue >= 0, and >= 1: max_concurrency, micro_batches, kv_budget_tokens"
             )
-        deployments = ("orchestrator", "drafter", "guider", "ar", "filter")
+        deployments = ("orchestrator", "drafter", "guider", "ar", "filter", "models")
         bad = {d: n for d, n in self.replicas.items() if d not in deployments or not isinstance(n, int) or n < 1}
         if bad:
             raise ValueError(f"serving.replicas: deployment -> count >= 1 for {deployments}, got {bad}")
@@ -135,6 +144,11 @@ class ServingConfig:
             raise ValueError(f"serving.resources: deployment -> {{resource: amount > 0}} for {deployments}, got {bad}")
         if min(self.call_timeout_s, self.resume_timeout_s) <= 0:
             raise ValueError("serving.call_timeout_s and serving.resume_timeout_s must be > 0")
+
+    @property
+    def engines(self) -> int:
+        """The orchestrator's engines: micro_batches, or its default for the layout."""
+        return self.micro_batches if self.micro_batches is not None else 1 if self.colocate else 2
 
 
 @dataclass(slots=True)
@@ -188,11 +202,3 @@ class EngineConfig:
         env = env_overrides(cls, {k: v for k, v in environ.items() if k not in SECRET_ENV})
         env["models"] = {r: os.path.abspath(p) for r, p in env.get("models", {}).items()}
         return cls.from_dict(merge(merge(engine, env), given(overrides)))
-
-
-def replica_threads(config: "EngineConfig") -> None:
-    """A model replica's torch threads: the config's `threads`, else serving.replica_threads on CPU."""
-    import torch
-
-    if config.threads or config.device == "cpu":
-        torch.set_num_threads(config.threads or config.serving.replica_threads)

@@ -34,7 +34,7 @@ class Role(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RoleSpec:
-    host: str  # the host (in process) and Serve deployment (served) that runs the role's calls
+    host: str  # the host that runs the role's calls; served, also its Serve deployment's name unless colocated
     model: str  # the config's models key whose weights its host loads
     holds_kv: bool  # keeps per-request KV between calls: placed on one replica, released when the request ends
     counter: str  # the RequestStats field each of its calls counts
@@ -47,7 +47,7 @@ ROLES = {
     Role.AR: RoleSpec("ar", "ar", True, "drafter_forwards"),
     Role.FILTER: RoleSpec("filter", "filter", False, "filter_calls"),
 }
-SERVED = (Role.DRAFTER, Role.GUIDER, Role.AR, Role.FILTER)  # roles with a Serve deployment of their own
+SERVED = (Role.DRAFTER, Role.GUIDER, Role.AR, Role.FILTER)  # roles whose hosts run on model replicas when served
 FAMILIES = ("causal", "bidirectional")  # drafter families; each has its own filter
 FILTER_MODELS = {"causal": "filter", "bidirectional": "filter_bidirectional"}  # family -> models key
 MODEL_HOSTS = {"drafter_bidirectional": "drafter", "filter_bidirectional": "filter"}  # models key -> host serving it
@@ -59,10 +59,15 @@ def host_of(model: str) -> str:
     return MODEL_HOSTS.get(model, model)
 
 
+def served_hosts(models: dict[str, str]) -> list[str]:
+    """Hosts a config's models need served, in role order."""
+    served = {host_of(m) for m in models}
+    return [ROLES[r].host for r in SERVED if ROLES[r].host in served]
+
+
 def kv_hosts(models: dict[str, str]) -> list[str]:
     """Hosts that keep per-request KV for a config's models, in role order."""
-    served = {host_of(m) for m in models}
-    return [ROLES[r].host for r in SERVED if ROLES[r].holds_kv and ROLES[r].host in served]
+    return [host for host in served_hosts(models) if ROLES[Role(host)].holds_kv]
 
 
 @dataclass(slots=True)
@@ -245,6 +250,13 @@ class FilterHost(Protocol):
 
     def block_sizes(self) -> dict[str, int]:
         """Drafter family -> the block its filter reads."""
+
+
+class CheckedHost(Protocol):
+    """Every host."""
+
+    def check_health(self) -> None:
+        """Raise unless the host's models can run (its replica's Serve health check)."""
 
 
 class KVHost(Protocol):

@@ -33,8 +33,10 @@ class Placement:
         return dict(chosen)
 
     def hold(self, request_id: str, chosen: dict[str, str], tokens: int) -> None:
-        """Record a placement decided here (place) or in the cache index, which several orchestrators share."""
-        for replica in chosen.values():
+        """Record a placement decided here (place) or in the cache index, which several orchestrators share. A
+        replica that runs several of its deployments' hosts (serving.colocate) reserves its tokens once, as the
+        index counts them."""
+        for replica in set(chosen.values()):
             self.used[replica] += tokens
         self.where[request_id], self.tokens[request_id] = dict(chosen), tokens
 
@@ -48,15 +50,17 @@ class Placement:
         if replica is None:
             return None
         held, tokens = self.where.setdefault(request_id, {}), self.tokens.setdefault(request_id, 0)
-        if deployment in held:
-            self.used[held[deployment]] -= tokens
-        self.used[replica] += tokens
+        before = set(held.values())
         held[deployment] = replica
+        for gone_from in before - set(held.values()):
+            self.used[gone_from] -= tokens
+        for moved_to in set(held.values()) - before:
+            self.used[moved_to] += tokens
         return replica
 
     def free(self, request_id: str) -> None:
         """Give back its budget; routing keeps its replicas until its KV is released there (drop)."""
-        for replica in self.where.get(request_id, {}).values():
+        for replica in set(self.where.get(request_id, {}).values()):
             self.used[replica] -= self.tokens[request_id]
         self.tokens[request_id] = 0
 

@@ -2,6 +2,8 @@
 every live request's arguments of a step and returns one Reply each. The in-process executor calls a host directly;
 the Serve deployment is a host."""
 
+import torch
+
 from services.common.contract import DrafterForward, Propose, ProposeBidirectional, Reply
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
@@ -53,6 +55,12 @@ class DrafterHost:
 
     def held(self) -> dict[str, int]:
         return self.kv.held()
+
+    def check_health(self) -> None:
+        drafter = self.causal or self.bidirectional
+        if drafter is None:
+            raise RuntimeError("no drafter model loaded")
+        torch.ones(1, device=drafter.decoder.device).add_(1)  # the device is usable
 
 
 def without_logits(proposal: Proposal, keep: bool) -> Proposal:

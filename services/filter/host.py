@@ -1,6 +1,8 @@
 """The Learn2PD filters of one replica behind the contract's FilterHost methods (services/common/contract.py), one
 per drafter family: each family's requests are scored in one MLP call."""
 
+import torch
+
 from services.common.contract import FAMILIES, FILTER_MODELS, AcceptProbs, Reply
 from services.filter.model import Learn2PDFilter
 
@@ -30,3 +32,7 @@ class FilterHost:
 
     def block_sizes(self) -> dict[str, int]:
         return {drafter: f.config.block_size for drafter, f in self.filters.items()}
+
+    def check_health(self) -> None:
+        for f in self.filters.values():
+            f(torch.zeros(1, f.config.block_size))

@@ -1,6 +1,6 @@
-"""A model deployment's handle whose per-round calls go straight to a replica over its channel
-(services/serving/channel.py), and everything else (health checks, KV reports, the filter's block sizes) through
-Serve.
+"""A model host's handle on the Serve deployment that runs it: the host's per-round calls go straight to a replica over
+its channel (services/serving/channel.py), and everything else (health checks, KV reports, the filter's block sizes)
+through Serve. Every frame names the host, as a colocated replica runs several (serving.colocate).
 
 The orchestrator learns a replica's channel once, by a Serve call pinned to it (`endpoint`, serving/replica_router.py).
 A replica it names that has gone closes its channel, whose ChannelClosed (a ConnectionError) reaches the remote
@@ -22,8 +22,8 @@ from services.serving.live_replicas import live_replicas
 
 
 class DirectHandle:
-    def __init__(self, handle: DeploymentHandle):
-        self.handle = handle
+    def __init__(self, handle: DeploymentHandle, host: str):
+        self.handle, self.host = handle, host
         self.channels: dict[str, Channel] = {}  # replica unique id -> its channel
         self.turn = itertools.count()
         self.run = SimpleNamespace(remote=self.start)
@@ -38,7 +38,7 @@ class DirectHandle:
         """The call, its frame already written when this returns where the replica's channel is open: the replica
         starts computing before the event loop runs anything else (a step's calls went out up to 1.1 ms late behind
         the streams and index writes of the step before). Otherwise the channel is learnt and opened first."""
-        payload, replica = pickle.dumps(("call", method, args, parents)), replica or self.any_replica()
+        payload, replica = pickle.dumps(("call", self.host, method, args, parents)), replica or self.any_replica()
         channel = self.channels.get(replica)
         if channel is None or not channel.connected:
             return self.opened(replica, payload)
@@ -76,6 +76,6 @@ class DirectHandle:
     def free(self, request_ids: list[str], replica: str | None = None) -> None:
         """Free KV where it lives; nothing waits on it."""
         if replica in self.channels:
-            self.channels[replica].post(pickle.dumps(("release", request_ids)))
+            self.channels[replica].post(pickle.dumps(("release", self.host, request_ids)))
         else:
-            self.handle.release.remote(request_ids, replica=replica)
+            self.handle.release.remote(self.host, request_ids, replica=replica)

@@ -25,3 +25,19 @@ def test_a_request_moves_off_a_lost_replica_and_waits_while_none_is_live():
     assert placement.move("a", "drafter", gone={"d0"}) is None and placement.replica("a", "drafter") == "d0"
     live["drafter"] = ["d2"]
     assert placement.move("a", "drafter", gone={"d0"}) == "d2"
+
+
+def test_a_replica_running_several_of_a_requests_hosts_reserves_its_tokens_once():
+    """Colocated (serving.colocate): the drafter's and the guider's KV of a request on one replica, as the cache
+    index counts it; a move of one host's KV off it keeps the reservation until no host of the request is left."""
+    live = {"drafter": ["m0", "m1"], "guider": ["m0", "m1"]}
+    placement = Placement(("drafter", "guider"), live.__getitem__, budget_tokens=100)
+    assert placement.place("a", 60) == {"drafter": "m0", "guider": "m0"}
+    assert placement.used == {"m0": 60}
+    assert placement.place("b", 60) == {"drafter": "m1", "guider": "m1"}
+    assert placement.move("a", "drafter", gone={"m0"}) == "m1"
+    assert placement.used == {"m0": 60, "m1": 120}
+    assert placement.move("a", "guider", gone={"m0"}) == "m1"
+    assert placement.used == {"m0": 0, "m1": 120}
+    placement.free("a")
+    assert placement.used == {"m0": 0, "m1": 60}

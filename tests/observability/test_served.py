@@ -77,7 +77,7 @@ def test_a_replica_stage_span_is_a_child_of_its_round_in_memory(served):
     exporter = memory_exporter()
     cfg = EngineConfig.from_yaml(config)
     handles = {role: serve.get_deployment_handle(role, "dlm") for role in ("drafter", "guider", "ar", "filter")}
-    hosts = RemoteExecutor(cfg, {role: DirectHandle(handle) for role, handle in handles.items()})
+    hosts = RemoteExecutor(cfg, {role: DirectHandle(handle, role) for role, handle in handles.items()})
     engine = Engine(cfg, hosts)
     req = engine.request(PROMPT, 8)
 

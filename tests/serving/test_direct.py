@@ -1,8 +1,9 @@
-"""DirectHandle over a stand-in Serve handle and stand-in replicas serving real channels (ReplicaHost.answer): a
-round's calls run on the named replica, whose channel is learnt once through Serve; a dead replica's ChannelClosed
-reaches the remote executor and the replica is asked for again; a stateless deployment's calls take its live
-replicas in turn; KV is freed over the replica's channel, or through Serve before one is known; a host's error
-fails the call, not the channel; a call reports the replica's KV usage."""
+"""DirectHandle over a stand-in Serve handle and stand-in replicas serving real channels (ReplicaHost.answer), each
+running two hosts as a colocated one does: a round's calls run on the named replica, whose channel is learnt once
+through Serve; a dead replica's ChannelClosed reaches the remote executor and the replica is asked for again; a
+stateless deployment's calls take its live replicas in turn; KV is freed over the replica's channel, or through Serve
+before one is known; a host's error fails the call, not the channel; a call reports the replica's KV usage; each
+host's calls and releases reach that host."""
 
 import asyncio
 import socket
@@ -35,12 +36,12 @@ class Host:
         self.ran.append((self.name, "release", request_ids))
 
 
-class Replica(ReplicaHost, Host):
-    """A replica as start_replica makes it, without Serve."""
+class Replica(ReplicaHost):
+    """A replica as start_replica makes it, without Serve: a colocated one (a drafter and a guider host)."""
 
     def __init__(self, name: str, ran: list):
-        Host.__init__(self, name, ran)
-        self.deployment, self.replica, self.kv_budget = "drafter", name, 1
+        self.hosts = {"drafter": Host(name, ran), "guider": Host(f"{name} guider", ran)}
+        self.deployment, self.replica, self.kv, self.kv_budget = "models", name, [], 1
         self.channel = ChannelServer("127.0.0.1", self.answer)
 
 
@@ -58,8 +59,11 @@ class Serve:
         self.replicas = {name: Replica(name, ran) for name in ("r0", "r1")}
         self.dead: set[str] = set()
         self.endpoint = SimpleNamespace(remote=self.get_endpoint)
-        self.release = SimpleNamespace(remote=lambda ids, replica=None: self.released.append((replica, ids)))
+        self.release = SimpleNamespace(remote=self.release_remote)
         self.deployment_name = "drafter"
+
+    def release_remote(self, host: str, ids: list[str], replica: str | None = None) -> None:
+        self.released.append((replica, host, ids))
 
     async def get_endpoint(self, replica=None):
         self.asked.append(replica)
@@ -82,7 +86,7 @@ def run(direct: DirectHandle, replica: str | None = None, method: str = "propose
 
 def test_calls_run_on_the_named_replica_whose_channel_is_learnt_once(ran):
     serve = Serve(ran)
-    direct = DirectHandle(serve)
+    direct = DirectHandle(serve, "drafter")
 
     async def calls():
         return [await direct.run.remote("propose", ["args"], None, replica=r) for r in ("r1", "r1", "r0")]
@@ -95,7 +99,7 @@ def test_calls_run_on_the_named_replica_whose_channel_is_learnt_once(ran):
 def test_a_dead_replica_raises_channel_closed_and_is_asked_for_again(ran):
     serve = Serve(ran)
     serve.dead.add("r0")
-    direct = DirectHandle(serve)
+    direct = DirectHandle(serve, "drafter")
     with pytest.raises(ChannelClosed):
         run(direct, "r0")
     serve.dead.clear()
@@ -105,7 +109,7 @@ def test_a_dead_replica_raises_channel_closed_and_is_asked_for_again(ran):
 
 
 def test_a_stateless_deployment_takes_its_live_replicas_in_turn(ran):
-    direct = DirectHandle(Serve(ran))
+    direct = DirectHandle(Serve(ran), "drafter")
 
     async def calls():
         return [(await direct.run.remote("propose", ["args"], None))[0].value for _ in range(4)]
@@ -116,7 +120,7 @@ def test_a_stateless_deployment_takes_its_live_replicas_in_turn(ran):
 def test_a_stateless_deployment_whose_live_replicas_are_unknown_asks_serve_once(ran, monkeypatch):
     monkeypatch.setattr(live_replicas, "LIVE", {})
     serve = Serve(ran)
-    direct = DirectHandle(serve)
+    direct = DirectHandle(serve, "drafter")
 
     async def calls():
         return [(await direct.run.remote("propose", ["args"], None))[0].value for _ in range(3)]
@@ -126,7 +130,7 @@ def test_a_stateless_deployment_whose_live_replicas_are_unknown_asks_serve_once(
 
 def test_kv_is_freed_over_the_replicas_channel_or_through_serve_before_one_is_known(ran):
     serve = Serve(ran)
-    direct = DirectHandle(serve)
+    direct = DirectHandle(serve, "drafter")
 
     async def calls():
         direct.release.remote(["a"], replica="r0")
@@ -138,14 +142,14 @@ def test_kv_is_freed_over_the_replicas_channel_or_through_serve_before_one_is_kn
             await asyncio.sleep(0.01)
 
     asyncio.run(calls())
-    assert serve.released == [("r0", ["a"])]
+    assert serve.released == [("r0", "drafter", ["a"])]
     assert ran[-1] == ("r0", "release", ["b"])
 
 
 def test_a_call_on_an_open_channel_is_sent_before_start_returns(ran):
     """The replica has the frame while the loop that started the call is still busy: nothing that loop runs next
     delays it."""
-    direct = DirectHandle(Serve(ran))
+    direct = DirectHandle(Serve(ran), "drafter")
 
     async def calls():
         await direct.run.remote("propose", ["first"], None, replica="r0")  # learns and opens the channel
@@ -161,7 +165,7 @@ def test_a_call_on_an_open_channel_is_sent_before_start_returns(ran):
 
 
 def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
-    direct = DirectHandle(Serve(ran))
+    direct = DirectHandle(Serve(ran), "drafter")
 
     async def calls():
         with pytest.raises(ValueError, match="bad draft on r0"):
@@ -174,12 +178,30 @@ def test_a_hosts_error_fails_its_call_and_the_channel_goes_on(ran):
 def test_a_call_reports_the_replicas_kv_usage(ran):
     serve = Serve(ran)
     replica = serve.replicas["r0"]
-    replica.kv, replica.kv_budget = SimpleNamespace(held=lambda: {"a": 3, "b": 1}), 8
+    replica.kv = [SimpleNamespace(held=lambda: {"a": 3}), SimpleNamespace(held=lambda: {"a": 2, "b": 1})]
+    replica.kv_budget = 16
     usage = replica.kv_usage = SimpleNamespace(value=None)
     usage.set = lambda value: setattr(usage, "value", value)
-    assert run(DirectHandle(serve), "r0") == ["r0"]
+    assert run(DirectHandle(serve, "drafter"), "r0") == ["r0"]
     deadline = time.monotonic() + 10
     while usage.value is None:
         assert time.monotonic() < deadline, "the call never reported the replica's KV usage"
         time.sleep(0.01)
-    assert usage.value == 0.5
+    assert usage.value == 0.375  # every host's KV on the replica
+
+
+def test_each_hosts_calls_and_releases_reach_that_host_on_a_colocated_replica(ran):
+    serve = Serve(ran)
+    drafter, guider = DirectHandle(serve, "drafter"), DirectHandle(serve, "guider")
+
+    async def calls():
+        await guider.run.remote("propose", ["g"], None, replica="r0")
+        await drafter.run.remote("propose", ["d"], None, replica="r0")
+        guider.release.remote(["a"], replica="r0")
+        deadline = time.monotonic() + 10
+        while ran[-1][1] != "release":
+            assert time.monotonic() < deadline, "the release never reached the replica"
+            await asyncio.sleep(0.01)
+
+    asyncio.run(calls())
+    assert ran == [("r0 guider", "propose", ["g"]), ("r0", "propose", ["d"]), ("r0 guider", "release", ["a"])]

@@ -1,4 +1,4 @@
-"""The Ray Serve application: drafter, guider, AR baseline and filter deployments, and the orchestrator that steps
+"""The Ray Serve application: the model deployments (model_deployment.py), and the orchestrator that steps
 the engine over their handles and serves gRPC, and the OpenAI HTTP API on the Serve proxy (its ingress).
 `serve deploy` takes `services.orchestrator.cluster.app:build_app`.
 
@@ -17,15 +17,13 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from services.ar_guider.deployment import GuiderDeployment
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.dlm_drafter.deployment import DrafterDeployment
-from services.filter.deployment import FilterDeployment
 from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.api.grpc_server import Server
 from services.orchestrator.api.openai_api import api, attach
 from services.orchestrator.cluster.admission import IndexAdmission
 from services.orchestrator.cluster.metrics import ServeMetrics
+from services.orchestrator.cluster.model_deployment import COLOCATED, ModelDeployment, layout
 from services.orchestrator.cluster.remote_executor import RemoteExecutor
 from services.orchestrator.cluster.serve_logs import to_serve_log
 from services.orchestrator.cluster.sweep import Sweep
@@ -47,7 +45,8 @@ class Orchestrator:
         to_serve_log(cfg.serving.log_level)
         torch.set_num_threads(1)  # its torch work is per-request bookkeeping (sampling, gates); forwards run elsewhere
         serving = cfg.serving
-        self.hosts = RemoteExecutor(cfg, {role: DirectHandle(handle) for role, handle in handles.items()})
+        hosts = {host: DirectHandle(handles[name], host) for name, served in layout(cfg).items() for host in served}
+        self.hosts = RemoteExecutor(cfg, hosts)
         self.down_since: dict[str, tuple[float, str]] = {}  # model deployment -> (when it stopped answering, why)
         self.index = make_index(serving.redis_url, default_ttl_s=serving.request_ttl_s)
         owner = serve.get_replica_context().replica_id.unique_id  # a restarted replica is a new owner
@@ -55,7 +54,7 @@ class Orchestrator:
         metrics = ServeMetrics()
         engines = [
             Engine(cfg, self.hosts, admission, Telemetry(cfg, metrics, self.hosts.replica_of, engine=i))
-            for i in range(serving.micro_batches)
+            for i in range(serving.engines)
         ]
         self.backend = Frontend(*engines, records=admission)
         attach(self.backend, serving.limits, api_key(serving.api_key_file))
@@ -113,11 +112,14 @@ class Orchestrator:
             raise RuntimeError(f"model deployments down for over {grace} s: {down}")
 
 
+# Two malloc arenas: with glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger
+# packed batches; with 2 it stayed within 1% (tests/soak/soak.py).
+COLOCATED_ENV = {"MALLOC_ARENA_MAX": "2"}
 # OpenMP threads that finish a forward sleep at once instead of spinning: the stages of a step run one after another,
-# so each replica may use every core while the others wait (a spinning one would hold a core). Two malloc arenas: with
-# glibc's default (8 per core) the guider's RSS grew 21% over a 5-minute soak of ever larger packed batches; with 2 it
-# stayed within 1% (tests/soak/soak.py).
-REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "MALLOC_ARENA_MAX": "2"}
+# so each replica may use every core while the others wait (a spinning one would hold a core). A colocated replica's
+# team of one thread per core spins as in process: sleeping, its threads woke for each op, and the drafter's forward
+# at c=1 took 11.7 ms against 7.5 (`dlm bench --breakdown`, compute drafter).
+REPLICA_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", **COLOCATED_ENV}
 
 
 def build_app(args: dict | None = None):
@@ -146,16 +148,14 @@ def build_app(args: dict | None = None):
             out["ray_actor_options"] = {**base["ray_actor_options"], "resources": dict(resources)}
         return out
 
-    handles = {}
-    if {"drafter", "drafter_bidirectional"} & set(cfg.models):
-        handles["drafter"] = DrafterDeployment.options(**options("drafter", pinned)).bind(config)
-    if "guider" in cfg.models:
-        handles["guider"] = GuiderDeployment.options(**options("guider", pinned)).bind(config, "guider")
-    if "ar" in cfg.models:
-        handles["ar"] = GuiderDeployment.options(**options("ar", pinned)).bind(config, "ar")
-    if {"filter", "filter_bidirectional"} & set(cfg.models):  # one deployment hosts both families' filters
-        filter_options = {**pinned, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}
-        handles["filter"] = FilterDeployment.options(**options("filter", filter_options)).bind(config)
+    stateless = {**pinned, "ray_actor_options": {"num_cpus": 0, "runtime_env": passive}}  # the filters' small MLP
+    spinning = {**model["ray_actor_options"], "runtime_env": {"env_vars": COLOCATED_ENV}}
+    colocated = {**pinned, "ray_actor_options": spinning}
+    kinds = {COLOCATED: colocated, "filter": stateless}
+    handles = {
+        name: ModelDeployment.options(**options(name, kinds.get(name, pinned))).bind(config, hosts)
+        for name, hosts in layout(cfg).items()
+    }
     logs = {"log_level": serving.log_level, "enable_access_log": False}  # a JSON line per finished request at INFO
     # the orchestrator replicas together ask what one asks: `dlm serve` on 2 cores fits the models and them
     orchestrators = serving.replicas.get("orchestrator", 1)

@@ -38,12 +38,16 @@ class RemoteExecutor:
     def __init__(self, config: EngineConfig, handles: dict[str, DeploymentHandle]):
         self.config, self.handles = config, handles
         kv = [host for host in kv_hosts(config.models) if host in handles]
-        self.placement = Placement(kv, live_replicas, config.serving.kv_budget_tokens)
+        self.placement = Placement(kv, self.live, config.serving.kv_budget_tokens)
         self.roles = frozenset(config.models)  # AR decoding on the drafter (drafter_ar) runs in process only
         self.metadata: ModelMeta | None = None
         self.block_sizes: dict[str, int] = {}  # drafter family -> its filter's block
         self.batches: dict[str, Counter[int]] = {role: Counter() for role in handles}  # batch size -> calls
         self.resuming: set[str] = set()  # requests whose replica was lost and that wait for another
+
+    def live(self, host: str) -> list[str]:
+        """The live replicas of the Serve deployment that runs the host (several hosts share one when colocated)."""
+        return live_replicas(self.handles[host].deployment_name)
 
     def deployment(self, role: str) -> str:
         deployment = ROLES[role].host
@@ -153,7 +157,7 @@ class RemoteExecutor:
     async def held(self) -> dict[str, dict[str, int]]:
         """Per deployment, request id -> KV tokens it holds."""
         roles = [role for role in ("drafter", "guider", "ar") if role in self.handles]
-        held = await asyncio.gather(*(self.handles[role].held.remote() for role in roles))
+        held = await asyncio.gather(*(self.handles[role].held.remote(role) for role in roles))
         return dict(zip(roles, held, strict=True))
 
 

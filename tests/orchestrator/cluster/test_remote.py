@@ -21,6 +21,7 @@ class Deployment:
         self.calls: list[tuple[str | None, list[str]]] = []
         self.dead = set(dead)
         self.run = SimpleNamespace(remote=self.remote)
+        self.deployment_name = "drafter"  # whose live replicas the test publishes
 
     async def remote(self, method, args, parents, replica=None):
         self.calls.append((replica, [call.req.id for call in args]))

@@ -21,14 +21,20 @@ PROMPT = "count from 1 to 9:"
 TOKENS = 128  # long enough to be killed mid-stream on a loaded machine (at 64, every stream had ended once)
 STREAMS = 4
 STRATEGY = {"drafter": ("streaming", {"window": 6}), "guider": ("pipeline", {"window": 6})}
+SERVINGS = {  # separate deployments, and one colocated deployment whose replicas run every host (serving.colocate)
+    "drafter x2": {"replicas": {"drafter": 2, "guider": 1}},
+    "guider x2": {"replicas": {"drafter": 1, "guider": 2}},
+    "colocated x2": {"colocate": True, "replicas": {"models": 2}},
+}
 
 
-@pytest.fixture(scope="module", params=[{"drafter": 2, "guider": 1}, {"drafter": 1, "guider": 2}], ids=str)
+@pytest.fixture(scope="module", params=list(SERVINGS))
 def service(request, tiny_zoo, tmp_path_factory):
     engine = {"models": tiny_zoo, "max_new_tokens": TOKENS, "chat_template": False}
     config = tmp_path_factory.mktemp("resume") / "dlm.yaml"
-    with served_app({**engine, "serving": {"replicas": request.param}}, config, num_cpus=6) as (client, app):
-        yield client, app, request.param
+    serving = SERVINGS[request.param]
+    with served_app({**engine, "serving": serving}, config, num_cpus=6) as (client, app):
+        yield client, app, serving
 
 
 def replica_pid(deployment: str, unique_id: str) -> int:
@@ -54,10 +60,11 @@ def run_streams(client, strategy, params, started: list[threading.Event]) -> lis
         return list(pool.map(one, range(STREAMS)))
 
 
-@pytest.mark.parametrize("deployment", ["drafter", "guider"])
-def test_streams_survive_a_replica_killed_under_them(service, deployment):
-    client, app, replicas = service
-    strategy, params = STRATEGY[deployment]
+@pytest.mark.parametrize("host", ["drafter", "guider"])
+def test_streams_survive_a_replica_killed_under_them(service, host):
+    client, app, serving = service
+    strategy, params = STRATEGY[host]
+    deployment = "models" if serving.get("colocate") else host
     calm = run_streams(client, strategy, params, [threading.Event() for _ in range(STREAMS)])
 
     started = [threading.Event() for _ in range(STREAMS)]
@@ -66,7 +73,7 @@ def test_streams_survive_a_replica_killed_under_them(service, deployment):
         for event in started:
             assert event.wait(60), "a stream never started"
         placed = app.placements.remote().result()
-        holders = Counter(placed[f"resume-{i}"][deployment] for i in range(STREAMS) if f"resume-{i}" in placed)
+        holders = Counter(placed[f"resume-{i}"][host] for i in range(STREAMS) if f"resume-{i}" in placed)
         victim, held = holders.most_common(1)[0]
         os.kill(replica_pid(deployment, victim), signal.SIGKILL)
         disturbed = streams.result(timeout=180)
@@ -76,7 +83,7 @@ def test_streams_survive_a_replica_killed_under_them(service, deployment):
     assert [ids for ids, _, _ in disturbed] == [ids for ids, _, _ in calm]
     added = sorted(d - c for (_, _, d), (_, _, c) in zip(disturbed, calm, strict=True))
     print(
-        f"\n{deployment} killed with {replicas[deployment]} replica(s), {held} of {STREAMS} streams on it: "
+        f"\n{host}'s replica killed ({serving}), {held} of {STREAMS} streams on it: "
         f"added latency p50 {added[len(added) // 2]:.2f} s, max {added[-1]:.2f} s"
     )
     assert app.requests.remote().result() == []

@@ -20,7 +20,7 @@ from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.serving.ray_env import set_ray_env
 from services.serving.redis_process import free_port
-from tests.replica_processes import cluster_replica_pids
+from tests.replica_processes import cluster_replica_pids, forward_threads
 
 pytestmark = pytest.mark.e2e
 
@@ -197,6 +197,11 @@ def replica_pid(deployment: str) -> int:
 
 def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_each_model_replica_computes_on_its_configured_threads(service):
+    """Set on the thread that runs the forwards: Ray gives a worker OMP_NUM_THREADS of its reserved CPUs."""
+    assert forward_threads("drafter") == forward_threads("guider") == {ServingConfig().replica_threads}
 
 
 def test_sixteen_concurrent_streams_equal_in_process(service):

@@ -24,8 +24,8 @@ SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
 class Handle:
     """A Serve handle whose one replica is an in-process host; arguments and replies cross as pickles."""
 
-    def __init__(self, host):
-        self.host, self.calls = host, []
+    def __init__(self, host, name: str):
+        self.host, self.calls, self.deployment_name = host, [], name
         self.run = SimpleNamespace(remote=self.remote_run)
         self.release = SimpleNamespace(remote=lambda ids, replica=None: self.host.release(ids))
         self.check_health = SimpleNamespace(remote=self.ok)
@@ -48,7 +48,7 @@ def remote(engine, monkeypatch) -> RemoteExecutor:
     local = LocalExecutor(engine.config)
     hosts = {host_of(model) for model in engine.config.models}
     monkeypatch.setattr(live_replicas, "LIVE", {host: [f"{host}-0"] for host in hosts})
-    return RemoteExecutor(engine.config, {host: Handle(local.host(host)) for host in hosts})
+    return RemoteExecutor(engine.config, {host: Handle(local.host(host), host) for host in hosts})
 
 
 @pytest.mark.parametrize("sampling", [SEEDED, SamplingParams()], ids=["seeded", "greedy"])

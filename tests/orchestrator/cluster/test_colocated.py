@@ -1,0 +1,71 @@
+"""Colocated serving (serving.colocate): one model deployment, `models`, whose replicas run every host, serves token for
+token what the engine gives in process, with every strategy's hosts on one replica; its forwards run on one torch
+thread per core, and separate deployments' on serving.replica_threads. A local Ray, the Serve app on tiny models, gRPC
+over loopback. Its replica's death: tests/orchestrator/cluster/test_resumption.py."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from services.common.config import EngineConfig
+from services.common.sampling import SamplingParams
+from services.orchestrator.engine.engine import Engine
+from tests.orchestrator.cluster.test_services import CASES, PROMPT, served_app, streamed
+from tests.replica_processes import forward_threads
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def service(redis_url, tiny_zoo, tmp_path_factory):
+    serving = {"redis_url": redis_url, "colocate": True, "replicas": {"models": 2}}
+    config = tmp_path_factory.mktemp("colocated") / "dlm.yaml"
+    with served_app({"models": tiny_zoo, "max_new_tokens": 16, "serving": serving}, config) as (client, app):
+        yield client, app, Engine(EngineConfig.from_yaml(str(config)))
+
+
+def test_one_deployment_runs_every_model(service):
+    from ray import serve
+
+    deployments = serve.status().applications["dlm"].deployments
+    assert sorted(deployments) == ["models", "orchestrator"]
+
+
+@pytest.mark.parametrize("strategy", list(CASES))
+def test_stream_equals_unary_equals_in_process(service, strategy):
+    client, _, engine = service
+    params = CASES[strategy]
+    local = engine.generate(PROMPT, strategy, params, 16)
+    unary = client.generate(PROMPT, strategy=strategy, params=params, max_new_tokens=16)
+    assert list(unary.token_ids) == local.token_ids == streamed(client, strategy, params)[0]
+
+
+def test_sixteen_concurrent_streams_equal_in_process_on_both_replicas(service):
+    client, app, engine = service
+    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=400 + i)) for i in range(16)]
+    eos = engine.executor.meta().eos_id
+    results = [engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)) for s, sampling in jobs]
+    expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
+    assert got == expected
+    sizes = app.batch_sizes.remote().result()
+    assert max(int(k) for k in sizes["drafter"]) > 1, sizes
+
+
+def test_a_request_keeps_its_drafter_and_guider_kv_on_one_replica(service):
+    client, app, _ = service
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(lambda: streamed(client, "pipeline", CASES["pipeline"], request_id="colocated-kv"))
+        placed = {}
+        while not stream.done() and "colocated-kv" not in placed:
+            placed = app.placements.remote().result()
+        assert stream.result()[0]
+    if "colocated-kv" in placed:  # seen while it ran
+        where = placed["colocated-kv"]
+        assert where["drafter"] == where["guider"], where
+
+
+def test_a_colocated_replica_computes_on_one_thread_per_core(service):
+    assert forward_threads("models") == {psutil.cpu_count(logical=False)}
