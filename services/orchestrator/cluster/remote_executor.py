@@ -5,8 +5,8 @@ copy; what the call did to it (the sampling RNG, tokens processed) comes back in
 A deployment that holds KV may run several replicas: each group is split by the replica that holds each request's KV
 (engine/placement.py, the ledger), one call per replica. When a replica is lost (its actor died, or a call to it
 timed out) its requests move to a live replica, which rebuilds their KV from the request it is sent, and the call
-goes again: the round goes on, later. A request that finds no replica within `serving.resume_timeout_s` fails with
-Unavailable."""
+goes again: the round goes on, later; a stateless host's call (the filter's) goes again to any live replica. A
+request that finds no replica within `serving.resume_timeout_s` fails with Unavailable."""
 
 import asyncio
 import logging
@@ -73,7 +73,8 @@ class RemoteExecutor:
         try:
             deployment = self.deployment(role)
             if deployment not in self.placement.deployments:
-                return self.send(role, deployment, None, method, args, parents)
+                sent = self.send(role, deployment, None, method, args, parents)
+                return self.stateless(sent, role, deployment, method, args, parents)
             live, parts = set(self.placement.live(deployment)), {}
             for i, call in enumerate(args):
                 replica = self.placement.replica(call.req.id, deployment)
@@ -90,6 +91,20 @@ class RemoteExecutor:
         share, share_parents = [args[i] for i in at], parents and [parents[i] for i in at]
         sent = self.send(role, deployment, replica, method, share, share_parents)
         return self.settled(sent, role, deployment, replica, method, share, share_parents)
+
+    async def stateless(self, sent, role, deployment, method, args, parents) -> list[Reply]:
+        """A stateless host's replies (the filter's); sent again to a live replica while its replica was lost, as
+        Serve restarts it (a colocated replica's death takes the filter with the drafter and the guider)."""
+        give_up = time.monotonic() + self.config.serving.resume_timeout_s
+        while True:
+            try:
+                return await sent
+            except LOST as e:
+                if time.monotonic() > give_up:
+                    raise Unavailable(f"{deployment}: its replica was lost ({e!r}) and no other answered") from e
+                log.warning("%s replica lost (%r): calling another", deployment, e)
+                await asyncio.sleep(RETRY_S)
+            sent = self.send(role, deployment, None, method, args, parents)
 
     async def settled(self, sent, role, deployment, replica, method, share, share_parents) -> list[Reply]:
         """A share's replies; moved and sent again if its replica is lost."""

@@ -9,9 +9,14 @@ import psutil
 import pytest
 
 from services.common.config import EngineConfig
-from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
-from tests.orchestrator.cluster.test_services import CASES, PROMPT, served_app, streamed
+from tests.orchestrator.cluster.test_services import (  # noqa: F401  its test runs here on this module's service
+    CASES,
+    served_app,
+    sixteen_streams_equal_in_process,
+    streamed,
+    test_stream_equals_unary_equals_in_process,
+)
 from tests.replica_processes import forward_threads
 
 pytestmark = pytest.mark.e2e
@@ -32,24 +37,9 @@ def test_one_deployment_runs_every_model(service):
     assert sorted(deployments) == ["models", "orchestrator"]
 
 
-@pytest.mark.parametrize("strategy", list(CASES))
-def test_stream_equals_unary_equals_in_process(service, strategy):
-    client, _, engine = service
-    params = CASES[strategy]
-    local = engine.generate(PROMPT, strategy, params, 16)
-    unary = client.generate(PROMPT, strategy=strategy, params=params, max_new_tokens=16)
-    assert list(unary.token_ids) == local.token_ids == streamed(client, strategy, params)[0]
-
-
 def test_sixteen_concurrent_streams_equal_in_process_on_both_replicas(service):
     client, app, engine = service
-    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=400 + i)) for i in range(16)]
-    eos = engine.executor.meta().eos_id
-    results = [engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)) for s, sampling in jobs]
-    expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS
-    with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
-    assert got == expected
+    sixteen_streams_equal_in_process(client, engine, first_seed=400)
     sizes = app.batch_sizes.remote().result()
     assert max(int(k) for k in sizes["drafter"]) > 1, sizes
 

@@ -132,3 +132,24 @@ def test_the_stateless_filter_is_one_call_to_any_replica(hosts):
     filter_ = remote.handles["filter"]
     run(remote, {("filter", "accept_probs"): calls("a", "b")})
     assert filter_.calls == [(None, ["a", "b"])]
+
+
+def test_a_stateless_call_whose_replica_was_lost_goes_again_until_one_answers(hosts):
+    """A colocated replica's death takes the filter with it: the round goes on once Serve has another."""
+    remote, _ = hosts
+    filter_ = remote.handles["filter"]
+    filter_.dead.add(None)
+
+    async def phase():
+        asyncio.get_running_loop().call_later(0.3, filter_.dead.clear)
+        return await remote.execute({("filter", "accept_probs"): calls("a")})
+
+    assert values(asyncio.run(phase()), ("filter", "accept_probs")) == [None]
+    assert len(filter_.calls) > 1
+
+
+def test_a_stateless_call_with_no_live_replica_within_the_resume_timeout_is_unavailable(hosts):
+    remote, _ = hosts
+    remote.handles["filter"].dead.add(None)
+    results = run(remote, {("filter", "accept_probs"): calls("a")})
+    assert isinstance(results["filter", "accept_probs"], Unavailable)

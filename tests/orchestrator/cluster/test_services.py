@@ -204,15 +204,20 @@ def test_each_model_replica_computes_on_its_configured_threads(service):
     assert forward_threads("drafter") == forward_threads("guider") == {ServingConfig().replica_threads}
 
 
-def test_sixteen_concurrent_streams_equal_in_process(service):
-    client, _, engine = service
-    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=200 + i)) for i in range(16)]
+def sixteen_streams_equal_in_process(client, engine: Engine, first_seed: int) -> None:
+    """16 concurrent streams of four strategies, seeded, against the same requests in process."""
+    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=first_seed + i)) for i in range(16)]
     eos = engine.executor.meta().eos_id
     results = [engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)) for s, sampling in jobs]
     expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS
     with ThreadPoolExecutor(16) as pool:
         got = list(pool.map(lambda job: streamed(client, job[0], CASES[job[0]], **job[1])[0], jobs))
     assert got == expected
+
+
+def test_sixteen_concurrent_streams_equal_in_process(service):
+    client, _, engine = service
+    sixteen_streams_equal_in_process(client, engine, first_seed=200)
 
 
 @pytest.mark.parametrize(
