@@ -22,7 +22,7 @@ class ModelDeployment(ReplicaHost):
         cfg = EngineConfig(**config)
         pool = HostPool(cfg)
         made = {host: pool.host(host) for host in hosts}
-        self.start_replica(made, cfg.serving.kv_budget_tokens, replica_threads(cfg, colocated=len(hosts) > 1))
+        self.start_replica(made, cfg.serving.kv_budget_tokens, replica_threads(cfg, cfg.serving.colocate))
 
 
 def replica_threads(config: EngineConfig, colocated: bool) -> int | None:
