@@ -125,7 +125,7 @@ class ServingConfig:
             raise ValueError("serving.tls_client_ca_file (mTLS) needs serving.tls_cert_file and tls_key_file")
         if not 0 < self.port < 65536:
             raise ValueError(f"serving.port must be in (0, 65536), got {self.port}")
-        counts = (self.max_concurrency, 1 if self.micro_batches is None else self.micro_batches, self.kv_budget_tokens)
+        counts = (self.max_concurrency, self.engines, self.kv_budget_tokens)
         if min(counts) < 1 or min(self.num_gpus, self.max_queue) < 0:
             raise ValueError(
                 "serving: num_gpus >= 0, max_queue >= 0, and >= 1: max_concurrency, micro_batches, kv_budget_tokens"

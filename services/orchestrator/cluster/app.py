@@ -97,17 +97,17 @@ class Orchestrator:
         await health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
         if not self.backend.ready:
             return  # models still loading: gRPC health says NOT_SERVING meanwhile
-        roles = list(self.hosts.handles)
-        checks = [asyncio.wait_for(self.hosts.handles[role].check_health.remote(), HEALTH_TIMEOUT_S) for role in roles]
+        deployments = self.hosts.deployments()
+        checks = [asyncio.wait_for(h.check_health.remote(), HEALTH_TIMEOUT_S) for h in deployments.values()]
         done = await asyncio.gather(*checks, return_exceptions=True)
         now = time.monotonic()
-        for role, result in zip(roles, done, strict=True):
+        for name, result in zip(deployments, done, strict=True):
             if isinstance(result, BaseException):
-                self.down_since.setdefault(role, (now, repr(result)))
+                self.down_since.setdefault(name, (now, repr(result)))
             else:
-                self.down_since.pop(role, None)
+                self.down_since.pop(name, None)
         grace = self.hosts.config.serving.resume_timeout_s
-        down = {role: why for role, (since, why) in self.down_since.items() if now - since >= grace}
+        down = {name: why for name, (since, why) in self.down_since.items() if now - since >= grace}
         if down:
             raise RuntimeError(f"model deployments down for over {grace} s: {down}")
 

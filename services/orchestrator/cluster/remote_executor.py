@@ -49,6 +49,10 @@ class RemoteExecutor:
         """The live replicas of the Serve deployment that runs the host (several hosts share one when colocated)."""
         return live_replicas(self.handles[host].deployment_name)
 
+    def deployments(self) -> dict[str, DeploymentHandle]:
+        """Serve deployment -> a handle on it: one each, however many hosts it runs."""
+        return {handle.deployment_name: handle for handle in self.handles.values()}
+
     def deployment(self, role: str) -> str:
         deployment = ROLES[role].host
         if deployment not in self.handles:
@@ -152,10 +156,10 @@ class RemoteExecutor:
     async def start(self, timeout_s: float = 600.0) -> None:
         """Wait until every deployment is healthy."""
         deadline = time.monotonic() + timeout_s
-        for role in self.handles:
+        for handle in self.deployments().values():
             while True:
                 try:
-                    await self.handles[role].check_health.remote()
+                    await handle.check_health.remote()
                     break
                 except Exception:
                     if time.monotonic() > deadline:
