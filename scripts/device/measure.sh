@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
-# --breakdown); served c=1 with overlap off and on, taking turns, then follow=guider at lookahead 0 and 2; every
+# --breakdown); served c=1 with overlap off and on, taking turns, then follow=guider at lookahead 0 and 2; served again
+# with one orchestrator replica (stop 40's layouts: 1 x 2 micro-batches served c=16 fastest, on another lease); every
 # strategy's tokens (tokens.py); the --strategies baselines, following the drafter and the guider; the no-op round trip
 # per transport. It first decodes one prompt in process, and ends there if that fails.
 #
@@ -8,7 +9,7 @@
 # and .venv/bin/python -m services.serving.protogen (the gRPC stubs the call carries).
 # The tree (43 MB) and the bundle (28 MB) exceed the tool's 64 MiB, so models/ar-base stays behind for the call:
 #   git rm -r -q --cached models/ar-base && echo /models/ar-base/ >> .git/info/exclude
-# then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 6 minutes of
+# then run `bash scripts/device/measure.sh` with carry [".gpu", "services/serving/_proto"] (about 8 minutes of
 # device time), and afterwards: git reset -q -- models/ar-base && sed -i '/^\/models\/ar-base\/$/d' .git/info/exclude
 # Commands of your own in the same call need its PYTHONPATH=/tmp/b/site:$PWD (Ray and the serving wheels).
 # Results: $OUT/summary.txt (the table rows), $OUT/bench.txt (every breakdown), $OUT/tokens_gpu.json; compare the
@@ -35,6 +36,8 @@ served 1 1,16 ""
 for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
 for la in 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
 serve_down $C/serve.yaml; log "serve stopped"
+DLM_SERVING__REPLICAS__ORCHESTRATOR=1 serve_up $C/serve.yaml $O/serve1.log; up=$?  # one orchestrator (2 above)
+log "serve (1 orchestrator) up after $waited s"; [ $up = 0 ] && served one 1,16 ""; serve_down $C/serve.yaml
 inproc 2
 timeout 100 $PY $C/tokens.py $C/dlm.yaml $O/tokens_gpu.json > $O/t.txt 2>&1; log "tokens rc=$?"; grep -v Loading $O/t.txt | tee -a $S
 for f in "" "--set follow=guider"; do

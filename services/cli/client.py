@@ -75,6 +75,7 @@ class DlmClient:
             stop_token_ids=list(stop_token_ids),
             logprobs=logprobs,
             trace=trace,
+            last_chunk_in_complete=True,
         )
         if isinstance(prompt, str):
             req.text = prompt

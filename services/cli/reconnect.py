@@ -30,12 +30,12 @@ def resuming(call: Callable, request, resume_timeout: float, held: bool = False)
         try:
             held = held or holds(stream)
             for message in stream:
-                event = getattr(message, message.WhichOneof("event"))
                 held, give_up, wait = True, None, BACKOFF_S[0]
-                if isinstance(event, pb.Chunk):
-                    tokens, chars = tokens + len(event.token_ids), chars + len(event.text)
-                yield event
-                if isinstance(event, pb.Complete):
+                for event in events(message):
+                    if isinstance(event, pb.Chunk):
+                        tokens, chars = tokens + len(event.token_ids), chars + len(event.text)
+                    yield event
+                if message.HasField("complete"):
                     return
             raise StreamBroken(f"the stream of request {request.request_id} ended without completing")
         except grpc.RpcError as e:
@@ -54,6 +54,18 @@ def resuming(call: Callable, request, resume_timeout: float, held: bool = False)
             raise last
         time.sleep(wait)
         wait = min(2 * wait, BACKOFF_S[1])
+
+
+def events(message) -> list:
+    """A stream message's event; a Complete that carries the last Chunk (last_chunk_in_complete) as that Chunk, then
+    the Complete without it."""
+    event = getattr(message, message.WhichOneof("event"))
+    if not isinstance(event, pb.Complete) or not event.HasField("last_chunk"):
+        return [event]
+    last = pb.Chunk()
+    last.CopyFrom(event.last_chunk)
+    event.ClearField("last_chunk")
+    return [last, event]
 
 
 def holds(call) -> bool:

@@ -80,6 +80,8 @@ def add_event(out, event) -> None:
         out.token_ids.extend(event.token_ids)
         out.logprobs.extend(event.logprobs)
     elif isinstance(event, pb.Complete):
+        if event.HasField("last_chunk"):
+            add_event(out, event.last_chunk)
         out.finish_reason = event.finish_reason
         out.trace.extend(event.trace)
         out.usage.CopyFrom(event.usage)

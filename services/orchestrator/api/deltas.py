@@ -18,6 +18,7 @@ class Delta:
     spans: list[tuple[int, list[int]]]  # (logical offset, ids) committed ahead of the prefix
     sent: int  # token ids sent so far, these included
     rounds: int
+    last: bool = False  # nothing follows it: the request's last output, with the text held back until then
 
 
 @dataclass(slots=True)
@@ -70,14 +71,14 @@ class Deltas:
                 continue  # drain until the backend has released the request
             ids = self.cut_at_stop_token(event.ids)
             self.logprobs += event.logprobs[: len(ids)]
-            delta = self.push(ids)
+            delta = self.push(ids, last=event.finish_reason is not None)
             if self.stopped:
                 self.job.cancel("stop")
             else:
                 delta.spans = event.spans
             if delta.text or delta.ids or delta.spans:
                 yield delta
-        delta = self.flush()
+        delta = self.push([], last=True)
         if delta.text or delta.ids:
             yield delta
 
@@ -88,18 +89,17 @@ class Deltas:
         self.token_stopped = True
         return ids[: hits[0] + 1]
 
-    def push(self, ids: list[int]) -> Delta:
+    def push(self, ids: list[int], last: bool = False) -> Delta:
+        """ids extend the prefix; last: they end it, and the text held back goes with them."""
         before = self.text.sent_ids
         text, sent = self.text.push(ids)
-        return self.delta(text, sent, before)
+        if last:
+            rest, more = self.text.flush()
+            text, sent = text + rest, sent + more
+        return self.delta(text, sent, before, last)
 
-    def flush(self) -> Delta:
-        before = self.text.sent_ids
-        text, sent = self.text.flush()
-        return self.delta(text, sent, before)
-
-    def delta(self, text: str, ids: list[int], before: int) -> Delta:
+    def delta(self, text: str, ids: list[int], before: int, last: bool) -> Delta:
         logprobs = self.logprobs[before : self.text.sent_ids]
         text = text[max(self.held_chars - (len(self.text.text) - len(text)), 0) :]
         skip = max(self.held_ids - before, 0)
-        return Delta(text, ids[skip:], logprobs[skip:], [], self.text.sent_ids, len(self.rows))
+        return Delta(text, ids[skip:], logprobs[skip:], [], self.text.sent_ids, len(self.rows), last)

@@ -90,6 +90,7 @@ class TextStream:
     text: str = ""  # emitted so far
     sent_ids: int = 0
     stopped: bool = False
+    final: bool = False  # flushed: the prefix is complete, and the decoder's rest is in decoded
 
     def push(self, ids: list[int]) -> tuple[str, list[int]]:
         """Extend the prefix by ids -> (text delta, token ids delta) to send now."""
@@ -107,9 +108,10 @@ class TextStream:
         return self.emit(len(self.decoded) - held_back(self.decoded[len(self.text) :], self.stop), len(self.ids))
 
     def flush(self) -> tuple[str, list[int]]:
-        """Everything still held back, once the prefix is final."""
-        if self.stopped:
+        """Everything still held back, once the prefix is final; nothing more after the first call."""
+        if self.stopped or self.final:
             return "", []
+        self.final = True
         self.decoded += self.decoder.rest()
         return self.emit(len(self.decoded), len(self.ids))
 

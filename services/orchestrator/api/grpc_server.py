@@ -120,15 +120,22 @@ class DlmServicer(rpc.DlmServiceServicer):
         return pb.TokenLogprob(token_id=token_id, logprob=lp.logprob, top=top, verified=lp.verified, token=token)
 
     async def run(self, job: Job, request, context) -> AsyncIterator:
-        """A job's rounds as stream messages: Chunk / Spans per round, then Complete."""
+        """A job's rounds as stream messages: Chunk / Spans per round, then Complete; the last Chunk inside the
+        Complete where the request set last_chunk_in_complete. Each message a stream sends waits for the one before
+        to be written, which took 1.2-2.5 ms at the end of a served c=1 request on the 2-core box."""
         deltas = Deltas(job, self.backend.detokenizer(), list(request.stop), frozenset(request.stop_token_ids))
         deltas.held_ids, deltas.held_chars = request.resume.tokens_received, request.resume.text_received
+        last = None
         try:
             async for delta in deltas:
                 if delta.text or delta.ids:
                     pairs = zip(delta.ids, delta.logprobs, strict=True) if delta.logprobs else ()
                     logprobs = [self.token_logprob(t, lp) for t, lp in pairs]
-                    yield chunk(delta.text, delta.ids, delta.sent, delta.rounds, logprobs)
+                    message = chunk(delta.text, delta.ids, delta.sent, delta.rounds, logprobs)
+                    if delta.last and not delta.spans and request.last_chunk_in_complete:
+                        last = message.chunk
+                    else:
+                        yield message
                 if delta.spans:
                     spans = [pb.Span(offset=offset, token_ids=ids) for offset, ids in delta.spans]
                     yield pb.GenerateStreamResponse(spans=pb.Spans(spans=spans))
@@ -141,6 +148,8 @@ class DlmServicer(rpc.DlmServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"decoding failed: {e}")
         reason = deltas.finish_reason
         if reason == "deadline":
+            if last is not None:
+                yield pb.GenerateStreamResponse(chunk=last)
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while decoding")
         trace = [round_trace(row) for row in deltas.rows] if request.trace else []
         complete = pb.Complete(
@@ -150,6 +159,7 @@ class DlmServicer(rpc.DlmServiceServicer):
             trace=trace,
             request_id=job.request_id,
             seed=job.seed,
+            last_chunk=last,
         )
         yield pb.GenerateStreamResponse(complete=complete)
 

@@ -132,6 +132,31 @@ def test_stream_equals_unary_equals_engine(served, engine, strategy, sampling):
         assert reached == list(span.token_ids)[: len(reached)]
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["plain", "text held to the end"])
+def test_the_last_chunk_comes_inside_the_complete_where_the_request_asks(served, engine, held):
+    """last_chunk_in_complete: the same chunks, the last one inside the Complete, one message fewer. With a stop
+    sequence that the text's last character could begin, that character is held back to the end and still comes
+    in the last chunk. DlmClient, which asks for it, yields the chunk before the Complete."""
+    text = engine.generate(PROMPT, "streaming", {"window": 6}, 16).text
+    stop = [text[-1] + "\x00\x00"] if held else []
+    kwargs = dict(strategy="streaming", params={"window": 6}, max_new_tokens=16, stop=stop)
+    plain, asked = (DlmClient.request(PROMPT, **kwargs) for _ in range(2))
+    plain.last_chunk_in_complete = False
+    messages = {}
+    for name, req in (("plain", plain), ("asked", asked)):
+        messages[name] = list(served.client.stub.GenerateStream(req, timeout=30))
+    assert [m.WhichOneof("event") for m in messages["asked"]] == ["chunk"] * (len(messages["plain"]) - 2) + ["complete"]
+    chunks = [m.chunk for m in messages["asked"][:-1]] + [messages["asked"][-1].complete.last_chunk]
+    assert chunks == [m.chunk for m in messages["plain"][:-1]]
+    assert not messages["plain"][-1].complete.HasField("last_chunk")
+    assert "".join(c.text for c in chunks) == text
+    if held:
+        assert chunks[-1].text.endswith(text[-1])
+    events = list(served.client.stream(PROMPT, **kwargs))
+    assert events[:-1] == chunks and isinstance(events[-1], pb.Complete)
+    assert not events[-1].HasField("last_chunk")
+
+
 def test_trace_has_a_row_per_round(served):
     unary = served.client.generate(PROMPT, strategy="streaming", params={"window": 6}, max_new_tokens=8, trace=True)
     assert len(unary.trace) == unary.stats.rounds

@@ -28,9 +28,10 @@ def own_engine(engine) -> Engine:
     return Engine(engine.config, executor=engine.executor)
 
 
-def test_a_round_is_emitted_before_its_progress_is_recorded(engine):
-    """Its stream's task then wakes before the index writer's (engine.update): the client's tokens do not wait for the
-    writer's turn of the event loop. A request that ended in its round is released with no last commit."""
+def test_the_streams_take_every_round_before_the_bookkeeping(engine):
+    """engine.update emits every round, then gives the streams' tasks a turn before any record's progress or a
+    finished request's end (its telemetry and releases): a client's tokens and a finished request's last chunk wait
+    on none of it. A request that ended in its round is released with no last commit."""
     events = []
 
     class Recording(LedgerAdmission):
@@ -44,8 +45,33 @@ def test_a_round_is_emitted_before_its_progress_is_recorded(engine):
     eng = Engine(engine.config, engine.executor, Recording(engine.executor.placement))
     going = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 8)
     ending = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 1)  # ends in its first round
-    asyncio.run(eng.step_async(lambda out: events.append(("emit", out.request_id))))
-    assert events == [("emit", going.id), ("progress", going.id), ("emit", ending.id), ("release", ending.id)]
+
+    async def step():
+        outputs: asyncio.Queue[str] = asyncio.Queue()
+
+        async def stream():
+            while True:
+                events.append(("stream", await outputs.get()))
+
+        reader = asyncio.create_task(stream())
+        await asyncio.sleep(0)  # the reader waits on its queue, as a stream's task does
+
+        def emit(out):
+            events.append(("emit", out.request_id))
+            outputs.put_nowait(out.request_id)
+
+        await eng.step_async(emit)
+        reader.cancel()
+
+    asyncio.run(step())
+    assert events == [
+        ("emit", going.id),
+        ("emit", ending.id),
+        ("stream", going.id),
+        ("stream", ending.id),
+        ("progress", going.id),
+        ("release", ending.id),
+    ]
 
 
 def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
