@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a lent GPU machine, in one device call: where an in-process step goes (profile_round.py, $OUT/profile.txt), then
-# served `pipeline` at c=1 and c=16 (--breakdown, $OUT/bench.txt) under three serving layouts (orchestrator replicas,
-# micro-batches each), the default first and again last. The rows go to $OUT/summary.txt; about 5.5 minutes of device
-# time. Set up and carry as measure.sh's header says, then run `bash scripts/device/variants.sh`.
+# `pipeline` at c=1 and c=16 (--breakdown, $OUT/bench.txt) in process, served under three serving layouts (orchestrator
+# replicas, micro-batches each: more micro-batches start steps more often, so a closed-loop client's next request waits
+# less for one), and in process again, so that the ratios come from one machine. The rows go to $OUT/summary.txt; about
+# 7 minutes of device time. Set up and carry as measure.sh's header says, then run `bash scripts/device/variants.sh`.
 set -u
 O=${OUT:-/tmp/out}; C=scripts/device; mkdir -p $O
 trap 'rm -f $C/v.yaml $O/t.txt' EXIT  # the layout's config sits beside serve.yaml: its model paths are relative
@@ -18,5 +19,9 @@ layout() {  # orchestrator replicas, micro_batches
   log "bench rc=$?"; cat $O/t.txt >> $O/bench.txt; grep -E '^ +(1|16) +[0-9]|Error' $O/t.txt | tee -a $O/summary.txt
   serve_down $C/v.yaml
 }
-layout 2 2; layout 1 1; layout 1 2; layout 2 2
+inproc() {
+  timeout 120 $DLM --config $C/dlm.yaml bench --strategy pipeline --max-new-tokens 48 --breakdown --concurrency 1,16 > $O/t.txt 2>&1
+  log "in process rc=$?"; cat $O/t.txt >> $O/bench.txt; grep -E '^ +(1|16) +[0-9]|Error' $O/t.txt | tee -a $O/summary.txt
+}
+inproc; layout 1 2; layout 1 4; layout 2 2; inproc
 log done

@@ -75,7 +75,6 @@ class DlmClient:
             stop_token_ids=list(stop_token_ids),
             logprobs=logprobs,
             trace=trace,
-            last_chunk_in_complete=True,
         )
         if isinstance(prompt, str):
             req.text = prompt
@@ -92,7 +91,7 @@ class DlmClient:
     def generate(self, prompt: str | Sequence[int], **kwargs):
         """Decode to completion -> GenerateResponse (text, token_ids, finish_reason, usage, stats). A call that
         breaks (UNAVAILABLE) once the server held its request resumes it as a stream, collected into the response."""
-        request = self.named(self.request(prompt, **kwargs))
+        request = self.prepared(self.request(prompt, **kwargs))
         try:
             return self.call(self.stub.Generate, request)
         except grpc.RpcError as e:
@@ -106,17 +105,19 @@ class DlmClient:
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator:
         """Yield pb.Chunk, pb.Spans and finally one pb.Complete, across reconnects when the stream breaks;
         closing the iterator cancels the request."""
-        request = self.named(self.request(prompt, **kwargs))
+        request = self.prepared(self.request(prompt, **kwargs))
         yield from resuming(self.open_stream, request, self.resume_timeout)
 
     def open_stream(self, request):
         return self.call(self.stub.GenerateStream, request)
 
     @staticmethod
-    def named(request):
+    def prepared(request):
         """The request with a request id (a uuid unless it names one), so that it can resume even if its stream
-        breaks before the first message."""
+        breaks before the first message; and asking for its last Chunk inside its Complete, which `resuming` yields
+        as a Chunk of its own."""
         request.request_id = request.request_id or uuid4().hex
+        request.last_chunk_in_complete = True
         return request
 
     def abort(self, request_id: str) -> bool:

@@ -141,7 +141,7 @@ def test_the_last_chunk_comes_inside_the_complete_where_the_request_asks(served,
     stop = [text[-1] + "\x00\x00"] if held else []
     kwargs = dict(strategy="streaming", params={"window": 6}, max_new_tokens=16, stop=stop)
     plain, asked = (DlmClient.request(PROMPT, **kwargs) for _ in range(2))
-    plain.last_chunk_in_complete = False
+    asked.last_chunk_in_complete = True
     messages = {}
     for name, req in (("plain", plain), ("asked", asked)):
         messages[name] = list(served.client.stub.GenerateStream(req, timeout=30))

@@ -29,9 +29,9 @@ def own_engine(engine) -> Engine:
 
 
 def test_the_streams_take_every_round_before_the_bookkeeping(engine):
-    """engine.update emits every round, then gives the streams' tasks a turn before any record's progress or a
-    finished request's end (its telemetry and releases): a client's tokens and a finished request's last chunk wait
-    on none of it. A request that ended in its round is released with no last commit."""
+    """engine.update emits every round and takes a finished request out (its budget and KV released, with no last
+    commit), then gives the streams' tasks a turn before any record's progress or a finished request's telemetry: a
+    client's tokens wait on none of that bookkeeping."""
     events = []
 
     class Recording(LedgerAdmission):
@@ -43,6 +43,8 @@ def test_the_streams_take_every_round_before_the_bookkeeping(engine):
             super().release(er)
 
     eng = Engine(engine.config, engine.executor, Recording(engine.executor.placement))
+    finished = eng.telemetry.finished
+    eng.telemetry.finished = lambda er, error=None: events.append(("telemetry", er.req.id)) or finished(er, error)
     going = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 8)
     ending = eng.add_request("count from 1 to 9:", "streaming", {"window": 6}, 1)  # ends in its first round
 
@@ -67,10 +69,11 @@ def test_the_streams_take_every_round_before_the_bookkeeping(engine):
     assert events == [
         ("emit", going.id),
         ("emit", ending.id),
+        ("release", ending.id),
         ("stream", going.id),
         ("stream", ending.id),
         ("progress", going.id),
-        ("release", ending.id),
+        ("telemetry", ending.id),
     ]
 
 
