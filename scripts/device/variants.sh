@@ -10,18 +10,17 @@ trap 'rm -f $C/v.yaml $O/t.txt' EXIT  # the layout's config sits beside serve.ya
 t0=$(date +%s); log() { echo "### $* [$(( $(date +%s) - t0 )) s]" | tee -a $O/summary.txt; }
 . $C/serving.sh
 timeout 120 $PY $C/profile_round.py $C/dlm.yaml > $O/profile.txt 2>&1; log "profile rc=$?"; grep "^== " $O/profile.txt | tee -a $O/summary.txt
+bench() {  # CONFIG [--target ...]: pipeline at c=1 and c=16 with --breakdown; its rows to the summary
+  timeout 120 $DLM --config $1 bench --strategy pipeline --max-new-tokens 48 --breakdown --concurrency 1,16 "${@:2}" > $O/t.txt 2>&1
+  log "bench ${2:-in process} rc=$?"; cat $O/t.txt >> $O/bench.txt; grep -E '^ +(1|16) +[0-9]|Error' $O/t.txt | tee -a $O/summary.txt
+}
 layout() {  # orchestrator replicas, micro_batches
   sed -e "s/orchestrator: 2/orchestrator: $1/" $C/serve.yaml > $C/v.yaml; echo "    micro_batches: $2" >> $C/v.yaml
   serve_up $C/v.yaml $O/serve.log; up=$?
   log "layout orchestrators=$1 micro_batches=$2 up after $waited s"
   [ $up = 0 ] || { tail -20 $O/serve.log | tee -a $O/summary.txt; serve_down $C/v.yaml; return; }
-  timeout 90 $DLM --config $C/v.yaml bench --strategy pipeline --max-new-tokens 48 --breakdown --concurrency 1,16 --target 127.0.0.1:50051 > $O/t.txt 2>&1
-  log "bench rc=$?"; cat $O/t.txt >> $O/bench.txt; grep -E '^ +(1|16) +[0-9]|Error' $O/t.txt | tee -a $O/summary.txt
+  bench $C/v.yaml --target 127.0.0.1:50051
   serve_down $C/v.yaml
 }
-inproc() {
-  timeout 120 $DLM --config $C/dlm.yaml bench --strategy pipeline --max-new-tokens 48 --breakdown --concurrency 1,16 > $O/t.txt 2>&1
-  log "in process rc=$?"; cat $O/t.txt >> $O/bench.txt; grep -E '^ +(1|16) +[0-9]|Error' $O/t.txt | tee -a $O/summary.txt
-}
-inproc; layout 1 2; layout 1 4; layout 2 2; inproc
+bench $C/dlm.yaml; layout 1 2; layout 1 4; layout 2 2; bench $C/dlm.yaml
 log done
