@@ -127,10 +127,15 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
         replies = {request_id: client.generate("sort: 42 7 19 88 3 55", request_id=request_id) for request_id in ids}
     orchestrators = sorted(Path(logs).glob("replica_dlm_orchestrator_*.log"))
     assert len(orchestrators) == 2  # a log per replica: serving.replicas.orchestrator in the shipped config
-    lines = [line for log in orchestrators for line in log.read_text().splitlines() if "request_finished" in line]
-    records = [json.loads(line.split(" -- ", 1)[1]) for line in lines]  # Serve's prefix, then the JSON object
-    ours = [r for r in records if r["request_id"] in ids]
-    assert sorted(r["request_id"] for r in ours) == ids  # one line each, written when the request ended
+    deadline = time.monotonic() + 10
+    while True:  # a request's line is written just after its last chunk leaves (Engine.settle), so it may trail it
+        lines = [line for log in orchestrators for line in log.read_text().splitlines() if "request_finished" in line]
+        records = [json.loads(line.split(" -- ", 1)[1]) for line in lines]  # Serve's prefix, then the JSON object
+        ours = [r for r in records if r["request_id"] in ids]
+        if len(ours) >= len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted(r["request_id"] for r in ours) == ids  # one line each, written as the request ended
     assert all(set(r) == LOG_KEYS | {"event"} for r in ours)
     for record in ours:  # the usage the client got, the EOS counted in both
         reply = replies[record["request_id"]]
