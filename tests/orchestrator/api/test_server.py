@@ -16,6 +16,7 @@ from services.cli.cli import main
 from services.cli.client import DlmClient
 from services.cli.remote_cli import bench_remote, generate_remote
 from services.common.sampling import SamplingParams
+from services.orchestrator.api import grpc_server
 from services.orchestrator.api.frontend import Frontend
 from services.orchestrator.api.grpc_server import Limits, Server
 from services.orchestrator.decode.round import one_round
@@ -261,6 +262,27 @@ def test_deadline_stops_decoding(served, slow):
         client.generate(PROMPT, strategy="streaming", params={"window": 2}, max_new_tokens=64, request_id="d1")
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert gone(served.backend, "d1")
+
+
+def test_a_deadline_sends_the_text_held_back_before_deadline_exceeded(served, engine, slow, monkeypatch):
+    """A request that asked for its last chunk inside the Complete, ended by its deadline: the text held back until
+    then (here all of it: a stop sequence that the whole text begins) comes in a last chunk of its own, then
+    DEADLINE_EXCEEDED, as there is no Complete to carry it."""
+    text = engine.generate(PROMPT, "streaming", {"window": 2}, 32).text
+    to_spec = grpc_server.to_spec
+    soon = lambda request, limits, _: to_spec(request, limits, time.monotonic() + 0.5)  # noqa: E731
+    monkeypatch.setattr(grpc_server, "to_spec", soon)  # the server's deadline, well before the client's
+    request = DlmClient.request(PROMPT, strategy="streaming", params={"window": 2}, max_new_tokens=32)
+    request.stop.append(text[:63] + "\x00")
+    request.last_chunk_in_complete = True
+    messages = []
+    with pytest.raises(grpc.RpcError) as err:
+        messages.extend(served.client.stub.GenerateStream(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert {m.WhichOneof("event") for m in messages} == {"chunk"}
+    *before, held = [m.chunk.text for m in messages]
+    assert not any(before)  # the rounds' chunks carry their token ids, their text held back
+    assert held and len(held) < len(text) and text.startswith(held)
 
 
 def test_duplicate_live_request_id(served, slow):
