@@ -89,8 +89,8 @@ class ServingConfig:
     replica_threads: int = 1
     # One deployment, `models`, whose replicas run every model (drafter, guider, AR baseline, filter), on CPU with a
     # thread per core: for models that share one device, in one process rather than one each. Off: one deployment per
-    # model, each on a device of its own (num_gpus 1 on a GPU cluster), and on a CPU box, where colocated measured
-    # below it at c=16 (README, "Colocated")
+    # model, each on a device of its own (num_gpus 1 on a GPU cluster), and on a CPU box or one shared GPU, where
+    # colocated measured below it (README, "Colocated")
     colocate: bool = False
     kv_budget_tokens: int = 65536  # per replica holding KV; a request counts once on a colocated one
     max_queue: int = 64  # requests waiting for KV budget before RESOURCE_EXHAUSTED
