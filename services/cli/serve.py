@@ -51,6 +51,28 @@ def index_redis(serving) -> Iterator[None]:
 
 
 def serve_on_ray(config) -> int:
+    serving = config.serving
+    with ray_serving(config) as context:
+        host, port = serving.host, serving.port
+        logs = os.path.join(context.address_info["session_dir"], "logs", "serve")
+        print(f"dlm.v1.DlmService serving on {host}:{port}", flush=True)
+        print(f"OpenAI-compatible API: base_url http://{host}:{serving.http_port}/v1", flush=True)
+        print(f"Ray dashboard: http://{context.dashboard_url} (token: `ray get-auth-token`)", flush=True)
+        print(f"Prometheus metrics: http://{host}:{serving.metrics_export_port}/metrics", flush=True)
+        print(f"Logs: {logs} (a line per finished request in replica_dlm_orchestrator_*.log)", flush=True)
+        print("Stop with Ctrl-C or SIGTERM.", flush=True)
+        stopping = []
+        signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        while not stopping:
+            time.sleep(0.5)
+    return 0
+
+
+@contextlib.contextmanager
+def ray_serving(config) -> Iterator:
+    """The Serve app on a local Ray cluster that this process starts, serving once this yields Ray's context; then
+    the app deleted and the cluster stopped. Its cache index is serving.redis_url (index_redis)."""
     from services.serving.ray_env import set_ray_env
 
     serving = config.serving
@@ -74,24 +96,14 @@ def serve_on_ray(config) -> int:
         _metrics_export_port=serving.metrics_export_port,
     )
     deploy(serve_config(serving, resolved))
-    wait_running(timeout_s=600)
-    host, port = serving.host, serving.port
-    with DlmClient(f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}") as client:
-        client.wait_ready(timeout=600)
-    logs = os.path.join(context.address_info["session_dir"], "logs", "serve")
-    print(f"dlm.v1.DlmService serving on {host}:{port}", flush=True)
-    print(f"OpenAI-compatible API: base_url http://{host}:{serving.http_port}/v1", flush=True)
-    print(f"Ray dashboard: http://{context.dashboard_url} (token: `ray get-auth-token`)", flush=True)
-    print(f"Prometheus metrics: http://{host}:{serving.metrics_export_port}/metrics", flush=True)
-    print(f"Logs: {logs} (a line per finished request in replica_dlm_orchestrator_*.log)", flush=True)
-    print("Stop with Ctrl-C or SIGTERM.", flush=True)
-    stopping = []
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    while not stopping:
-        time.sleep(0.5)
-    # delete the app (its replicas drain their requests), then stop the cluster: serve.shutdown() would leave a
-    # graceful_shutdown call on the controller that ray.shutdown kills, which Ray reports as a failed task
-    serve.delete(APP)
-    ray.shutdown()
-    return 0
+    try:
+        wait_running(timeout_s=600)
+        host, port = serving.host, serving.port
+        with DlmClient(f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}") as client:
+            client.wait_ready(timeout=600)
+        yield context
+    finally:
+        # delete the app (its replicas drain their requests), then stop the cluster: serve.shutdown() would leave a
+        # graceful_shutdown call on the controller that ray.shutdown kills, which Ray reports as a failed task
+        serve.delete(APP)
+        ray.shutdown()
