@@ -20,7 +20,6 @@ from ray import serve
 
 from services.cli.serve import index_redis, ray_serving
 from services.cli.serve_config import APP
-from services.common.compute import timed_call
 from services.common.config import EngineConfig
 from services.common.contract import ROLES, Args, Groups, Reply
 from services.common.params import BENCH_PROMPTS
@@ -62,10 +61,15 @@ async def timed(call: Call, calls: int, gap_s: float) -> tuple[list[float], list
 
 
 def in_process(engine: Engine, role: str, method: str, args: list[Args]) -> Call:
-    name = ROLES[role].host
-    host = engine.executor.host(name)
-    loop = asyncio.get_running_loop()
-    return lambda: loop.run_in_executor(engine.executor.worker, timed_call, host, name, method, args)
+    """The call as the in-process engine makes it (LocalExecutor.execute, on its step thread)."""
+
+    async def call() -> list[Reply]:
+        replies = (await engine.executor.execute({(role, method): args}))[role, method]
+        if isinstance(replies, BaseException):
+            raise replies
+        return replies
+
+    return call
 
 
 def served(handle: DirectHandle, method: str, args: list[Args]) -> Call:
