@@ -7,7 +7,8 @@ sent (the guider's verdict and the filter's scores come back in that same step):
   whole window   g = all the drafts (what overlap.py speculates on);
   conf > t       the run of drafts whose drafter probability exceeds t, at least 1;
   cumprod > q    the drafts while the product of the drafter's probabilities so far exceeds q, at least 1.
-Sets of 2 and 3 guesses count a round held when any of them is n (a drafter call with one speculation each).
+Sets of 2 and 3 guesses count a round held when any of them is n (a drafter call with one speculation each), and
+  guesses=k      overlap.py's guess_counts: the whole window, then the k - 1 likeliest other counts (one forward).
 `PYTHONPATH=. python scripts/speculation_guesses.py [PROMPTS | bench]` (default 80 prompts; bench: BENCH_PROMPTS,
 what `dlm bench` decodes; 48 new tokens each)"""
 
@@ -22,9 +23,11 @@ from services.common.params import BENCH_PROMPTS
 from services.common.proposal import Proposal
 from services.common.sampling import SamplingParams
 from services.orchestrator.decode.gate import GuiderAgreement
+from services.orchestrator.decode.overlap import guess_counts
 from services.orchestrator.engine.engine import Engine
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+GUESSES = (1, 2, 3, 4, 16)  # overlap guesses settings reported
 
 
 def prompts(count: int, seed: int = 1) -> list[str]:
@@ -54,14 +57,19 @@ def guesses(probs: torch.Tensor) -> dict[str, int]:
     return out
 
 
-def record_rounds(engine: Engine, texts: list[str]) -> list[tuple[dict[str, int], int]]:
+def overlap_guesses(probs: torch.Tensor) -> dict[str, list[int]]:
+    """probs [N] -> overlap=true's guesses at each `guesses` setting: the counts its one speculative forward drafts."""
+    return {f"guesses={k}": guess_counts(probs, k) for k in GUESSES}
+
+
+def record_rounds(engine: Engine, texts: list[str]) -> list[tuple[dict[str, int | list[int]], int]]:
     """Each pipeline round's guesses and the count its gate accepted, one request at a time."""
     rounds = []
     decide = GuiderAgreement.drafter_tokens
 
     def recording(gate, proposal: Proposal, verdict, match, at):
         decision = decide(gate, proposal, verdict, match, at)
-        rounds.append((guesses(proposal.probs), len(decision.positions)))
+        rounds.append((guesses(proposal.probs) | overlap_guesses(proposal.probs), len(decision.positions)))
         return decision
 
     GuiderAgreement.drafter_tokens = recording
@@ -79,10 +87,14 @@ def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "80"
     texts = BENCH_PROMPTS if which == "bench" else prompts(int(which))
     rounds = record_rounds(Engine(EngineConfig.from_yaml(DEFAULT_CONFIG)), texts)
-    names = list(rounds[0][0])
+    names = [name for name, value in rounds[0][0].items() if isinstance(value, int)]
+    sets = [name for name in rounds[0][0] if name not in names]
 
     def held(combo: tuple[str, ...]) -> float:
         return sum(n in {guess[name] for name in combo} for guess, n in rounds) / len(rounds)
+
+    def held_any(name: str) -> float:
+        return sum(n in guess[name] for guess, n in rounds) / len(rounds)
 
     print(f"{len(rounds)} rounds of {len(texts)} prompts; share of rounds where the speculation would hold:")
     for name in names:
@@ -90,6 +102,8 @@ def main() -> None:
     for size in (2, 3):
         combo = max(itertools.combinations(names, size), key=held)
         print(f"  best {size}: {' | '.join(combo)}  {held(combo):.2f}")
+    for name in sets:
+        print(f"  {name:16s} {held_any(name):.2f}")
 
 
 if __name__ == "__main__":

@@ -65,5 +65,8 @@ def test_it_prints_each_guess_and_the_best_sets(prompts):
     assert {"whole window", "conf > 0.7", "cumprod > 0.5"} <= set(shares)
     assert all(0.0 <= float(v) <= 1.0 for v in shares.values())
     assert float(shares[next(k for k in shares if k.startswith("best 3"))]) >= max(
-        float(v) for k, v in shares.items() if not k.startswith("best")
+        float(v) for k, v in shares.items() if not k.startswith(("best", "guesses="))
     )
+    # overlap's guesses: the whole window first, more counts hold more often, and every count always holds
+    overlap = [float(shares[f"guesses={k}"]) for k in speculation_guesses.GUESSES]
+    assert overlap[0] == float(shares["whole window"]) and overlap == sorted(overlap) and overlap[-1] == 1.0

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
-# --breakdown); served c=1 with overlap off and on, taking turns, then follow=guider at lookahead 0 and 2; served again
-# with one orchestrator replica (stop 40's layouts: 1 x 2 micro-batches served c=16 fastest, on another lease); every
-# strategy's tokens (tokens.py); the --strategies baselines, following the drafter and the guider; the no-op round trip
-# per transport. It first decodes one prompt in process, and ends there if that fails.
+# --breakdown); served c=1 with overlap off, on (the whole window) and on guessing every count (guesses=16), taking
+# turns, then follow=guider at lookahead 0 and 2; served again with one orchestrator replica (stop 40's layouts: 1 x 2
+# micro-batches served c=16 fastest, on another lease); every strategy's tokens (tokens.py); the --strategies
+# baselines, following the drafter and the guider; the no-op round trip per transport. It first decodes one prompt in
+# process, and ends there if that fails.
 #
 # Here, first: bash scripts/device/bundle.sh (Ray, the serving wheels and redis-server for the machine's Python 3.12)
 # and .venv/bin/python -m services.serving.protogen (the gRPC stubs the call carries).
@@ -33,7 +34,9 @@ inproc 1
 serve_up $C/serve.yaml $O/serve.log; up=$?
 log "serve up after $waited s"; [ $up = 0 ] || { tail -40 $O/serve.log | tee -a $S; exit 1; }
 served 1 1,16 ""
-for ov in false true false true; do served ov 1 "--set overlap=$ov"; done
+for ov in false true 16 false true 16; do  # overlap off, on (the whole window), on guessing every count
+  [ $ov = 16 ] && served ov 1 "--set overlap=true --set guesses=16" || served ov 1 "--set overlap=$ov"
+done
 for la in 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
 serve_down $C/serve.yaml; log "serve stopped"
 DLM_SERVING__REPLICAS__ORCHESTRATOR=1 serve_up $C/serve.yaml $O/serve1.log; up=$?  # one orchestrator (2 above)

@@ -17,6 +17,7 @@ RUNS = [
 ]
 RUNS += [
     ("pipeline", {"overlap": True}),
+    ("pipeline", {"overlap": True, "guesses": 16}),
     ("pipeline", {"follow": "guider"}),
     ("pipeline", {"follow": "guider", "overlap": True}),
     ("pipeline", {"follow": "guider", "lookahead": 3}),

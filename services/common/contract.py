@@ -18,7 +18,7 @@ import torch
 
 from services.common.models import ModelMeta
 from services.common.placement import Placement
-from services.common.proposal import Region
+from services.common.proposal import Proposal, Region
 from services.common.request import Request
 
 T = TypeVar("T")
@@ -106,6 +106,31 @@ class Propose:
 
 
 @dataclass(frozen=True, slots=True)
+class ProposeAfter:
+    """Drafter: the next round's proposal for each of several counts of this round's drafts accepted (overlap's
+    guesses, decode/overlap.py), in one forward: each guess's accepted drafts and next window's masks in a span of
+    their own, seeing the cache and themselves, as the propose call of the request with those drafts committed would
+    see them. -> Guessed"""
+
+    method: ClassVar[str] = "propose_after"
+    req: Request
+    start: int  # the request's frontier, where the drafts begin
+    drafts: torch.Tensor  # [L] this round's drafts at start, start + 1, ...
+    counts: tuple[int, ...]  # the accepted counts guessed, each in 1..L
+    ends: tuple[int, ...]  # each guess's next region end: its masks are count + start .. end - 1
+    ar_head: bool = False  # as Propose's: each guess's first mask drafted by its last accepted draft's output
+
+
+@dataclass(slots=True)
+class Guessed:
+    """ProposeAfter's reply value: one proposal per guessed count, in order, each drawn from its own copy of the
+    request's RNG, and the states of those copies after their draws (None for a greedy request)."""
+
+    proposals: list[Proposal]
+    rng: torch.Tensor | None  # [G, S] uint8: each guess's generator state (torch.Generator.get_state)
+
+
+@dataclass(frozen=True, slots=True)
 class ProposeBidirectional:
     """Drafter: fill the region's masks with the bidirectional drafter under a cache mode. -> Proposal"""
 
@@ -172,7 +197,7 @@ class AcceptProbs:
     confidence: torch.Tensor  # [n]
 
 
-Args = Propose | ProposeBidirectional | DrafterForward | Verify | ARForward | Lookahead | AcceptProbs
+Args = Propose | ProposeAfter | ProposeBidirectional | DrafterForward | Verify | ARForward | Lookahead | AcceptProbs
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +250,9 @@ class DrafterHost(Protocol):
     def propose(self, calls: list[Propose]) -> list[Reply]:
         """Every request's causal proposal in one batched forward; the drafter keeps each request's exact KV
         (committed tokens physically first, with their logical positions)."""
+
+    def propose_after(self, calls: list[ProposeAfter]) -> list[Reply]:
+        """Every request's guessed next proposals in one batched forward; only the KV of its commits stays cached."""
 
     def propose_bidirectional(self, calls: list[ProposeBidirectional]) -> list[Reply]:
         """Every request's bidirectional proposal, with each request's block cache kept on the host."""

@@ -11,8 +11,9 @@ inside an isolated span attended to the cache and its span only, not to the slot
 approximation. Staged KV lives one round: the next forward of the request uses what it can and drops it.
 
 The cache checks its commits against the request at every forward and drops those the request no longer holds, with
-every later one: a speculative round (PEARL's post-verify, drafted before its window was verified) whose window was
-rejected leaves the KV exactly as if it had never been drafted.
+every later one (a request taken over from an earlier record). Overlap's guesses (propose_after_batch) draft the next
+window for several counts of a round's drafts accepted, each in a span of its own, and keep none of those spans' KV:
+no speculative token ever enters the cache.
 """
 
 from dataclasses import dataclass, field
@@ -140,6 +141,45 @@ class CausalDrafter:
             proposals.append(propose_from_logits(masked, rows, req.sampling, req.generator, req.mask_id))
         return list(zip(proposals, processed, strict=True))
 
+    def propose_after_batch(
+        self, calls: list[tuple[Request, int, torch.Tensor, tuple[int, ...], tuple[int, ...], bool]]
+    ) -> list[tuple[list[Proposal], torch.Tensor | None, int]]:
+        """calls: (req, start, drafts [L], counts, ends, ar_head) -> each count's proposal, the RNG states its draws
+        left ([G, S], None when greedy), and the token instances processed, in one forward.
+
+        Guess g (n = counts[g]) is the forward propose_batch would run for the request with drafts[:n] committed:
+        those drafts, then masks from start + n to ends[g], in a span of its own that sees the cache (and the commits
+        still pending, which join it) and itself, causally. With ar_head the first mask takes the output of the last
+        accepted draft. Only the pending commits' KV stays: the spans' is dropped."""
+        items, processed, layouts = [], [], []
+        for req, start, drafts, counts, ends, _ in calls:
+            ids, positions, groups, layout = [], [], [], []
+            for g, (n, end) in enumerate(zip(counts, ends, strict=True)):
+                masked = torch.arange(start + n, end)
+                ids += [drafts[:n], torch.full((len(masked),), req.mask_id)]
+                positions += [torch.arange(start, start + n), masked]
+                groups.append(torch.full((n + len(masked),), g))
+                layout.append((n, masked))
+            item, tokens = self.item(req, torch.cat(ids), torch.cat(positions), torch.cat(groups))
+            items.append(item)
+            processed.append(tokens)
+            layouts.append(layout)
+        out = []
+        for (req, *_, ar_head), logits, layout, tokens in zip(
+            calls, forward(self.decoder, items), layouts, processed, strict=True
+        ):
+            proposals, states, row = [], [], 0  # logits [sum of the spans' tokens, V], span after span
+            for n, masked in layout:
+                rows = logits[row + n : row + n + len(masked)]
+                if ar_head:
+                    rows = torch.cat([logits[row + n - 1][None], rows[1:]])
+                generator = None if req.sampling.greedy else torch.Generator().set_state(req.generator.get_state())
+                proposals.append(propose_from_logits(masked, rows, req.sampling, generator, req.mask_id))
+                states.append(None if generator is None else generator.get_state())
+                row += n + len(masked)
+            out.append((proposals, None if req.sampling.greedy else torch.stack(states), tokens))
+        return out
+
 
 def input_at(item: Item, position: int) -> int | None:
     """The index of the forward's input at a logical position id, if one stands there."""
@@ -165,7 +205,7 @@ def roll_back(cache: CausalCache, req: Request) -> None:
 
 def uncache(cache: CausalCache, req: Request, position: int) -> None:
     """Drop the cached commit at a generation position, and every later one, so that they run in the next forward
-    again (a speculative forward cached the commit whose output the AR head reads)."""
+    again (an earlier forward cached the commit whose output the AR head reads: one whose round runs again)."""
     if position in cache.positions:
         drop_from(cache, req, cache.positions.index(position))
 

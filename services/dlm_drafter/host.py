@@ -4,7 +4,7 @@ the Serve deployment is a host."""
 
 import torch
 
-from services.common.contract import DrafterForward, Propose, ProposeBidirectional, Reply
+from services.common.contract import DrafterForward, Guessed, Propose, ProposeAfter, ProposeBidirectional, Reply
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal
@@ -29,6 +29,13 @@ class DrafterHost:
         return [
             Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
             for c, (proposal, tokens) in zip(calls, out, strict=True)
+        ]
+
+    def propose_after(self, calls: list[ProposeAfter]) -> list[Reply]:
+        batch = [(c.req, c.start, c.drafts, c.counts, c.ends, c.ar_head) for c in calls]
+        out = self.causal_drafter().propose_after_batch(batch)
+        return [
+            Reply(Guessed([without_logits(p, False) for p in proposals], rng), tokens) for proposals, rng, tokens in out
         ]
 
     def forward(self, calls: list[DrafterForward]) -> list[Reply]:

@@ -15,7 +15,7 @@ from typing import get_args
 import numpy as np
 import torch
 
-from services.common.contract import Args, Propose, ProposeBidirectional, Reply
+from services.common.contract import Args, Guessed, Propose, ProposeAfter, ProposeBidirectional, Reply
 from services.common.proposal import Decision, Proposal, TokenLogprobs, Verdict
 from services.common.request import Request
 
@@ -104,10 +104,10 @@ def reduce_args(args: Args) -> tuple:
     return restore, (type(args), state)
 
 
-DRAWS = (Propose, ProposeBidirectional)  # the calls whose host samples from the request's RNG
+DRAWS = (Propose, ProposeAfter, ProposeBidirectional)  # the calls whose host samples from the request's RNG
 
 # what the stages send across a hop, and what the hosts send back
-for cls in (Proposal, Verdict, Decision, Reply, TokenLogprobs):
+for cls in (Proposal, Verdict, Decision, Reply, TokenLogprobs, Guessed):
     copyreg.pickle(cls, reduce)
 for cls in get_args(Args):
     copyreg.pickle(cls, reduce_args)

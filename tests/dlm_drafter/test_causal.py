@@ -10,7 +10,10 @@ from services.common.kv_manager import KVManager
 from services.common.models import load_model
 from services.common.proposal import Region, never_mask
 from services.common.request import Request
+from services.common.sampling import SamplingParams
 from services.dlm_drafter.causal import CausalDrafter
+
+IDS = ["greedy", "seeded"]
 
 
 def uncached_logits(drafter: CausalDrafter, req: Request, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -167,3 +170,39 @@ def test_a_request_resumed_from_an_earlier_round_drops_the_cache_that_ran_past_i
     forward(drafter, req, masks, torch.arange(4, 8))
     resumed = forward(drafter, recorded, masks, torch.arange(4))
     torch.testing.assert_close(resumed, uncached_logits(drafter, recorded, masks, torch.arange(4)), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0, seed=5)], ids=IDS)
+@pytest.mark.parametrize("ar_head", [False, True], ids=["mask-head", "ar-head"])
+def test_each_guess_is_the_proposal_of_the_request_with_its_drafts_committed(tiny_zoo, sampling, ar_head):
+    """propose_after_batch (overlap's guesses) against its reference: for each count n, propose_batch on a copy of
+    the request with the first n drafts committed, on a drafter of its own, drawing from a copy of the same RNG. The
+    guesses' forward caches the commits still pending and no draft, so a rejected window leaves no trace."""
+    loaded = load_model(tiny_zoo["drafter"])
+    drafter = CausalDrafter(loaded, KVManager())
+    req = Request("r", [5, 9, 11, 7, 3], 16, loaded.mask_id, loaded.eos_id, sampling=sampling)
+    drafter.propose_batch([(req, Region(0, 4), ar_head)])
+    req.decide(torch.arange(2), torch.tensor([21, 22]))
+    req.commit([0, 1])  # this round's commits: pending in the next forward
+    drafts, counts, ends = torch.tensor([31, 32, 33, 34]), (4, 1, 2), (10, 7, 9)
+    [(proposals, rng, _)] = drafter.propose_after_batch([(req, 2, drafts, counts, ends, ar_head)])
+    assert drafter.kv.held()["r"] == req.prompt_len + 2
+    assert (rng is None) == sampling.greedy
+    for g, (n, end, proposal) in enumerate(zip(counts, ends, proposals, strict=True)):
+        ahead = copy.deepcopy(req)
+        ahead.generator = torch.Generator().set_state(req.generator.get_state())
+        ahead.decide(torch.arange(2, 2 + n), drafts[:n])
+        ahead.commit(list(range(2, 2 + n)))
+        [(expected, _)] = CausalDrafter(loaded, KVManager()).propose_batch([(ahead, Region(2 + n, end), ar_head)])
+        assert torch.equal(proposal.positions, torch.arange(2 + n, end))
+        assert torch.equal(proposal.positions, expected.positions) and torch.equal(proposal.ids, expected.ids)
+        torch.testing.assert_close(proposal.probs, expected.probs, atol=1e-4, rtol=0)
+        if rng is not None:
+            assert torch.equal(rng[g], ahead.generator.get_state())
+    # the round accepts one draft and the guider's token after it: the next window, on the cache, is an uncached
+    # forward's (the issue's 1e-4), as if nothing had been drafted
+    req.decide(torch.arange(2, 4), torch.tensor([31, 90]))
+    req.commit([2, 3])
+    ids, window = torch.full((4,), loaded.mask_id), torch.arange(4, 8)
+    expected = uncached_logits(drafter, req, ids, window)
+    torch.testing.assert_close(forward(drafter, req, ids, window), expected, atol=1e-4, rtol=0)

@@ -34,14 +34,18 @@ class Commit:
         self.kind, self.size, self.order, self.eos = region, size, order, eos
 
     def region(self, req: Request) -> Region:
-        start = req.frontier
+        return self.region_at(req.frontier, req.horizon, req.state)
+
+    def region_at(self, frontier: int, horizon: int, state: dict) -> Region:
+        """The region of a request with this frontier, horizon and strategy state."""
+        start = frontier
         if self.kind == "block":
             start = start // self.size * self.size
         elif self.kind == "window":
-            uncached = req.state.get("uncached", start)
+            uncached = state.get("uncached", start)
             if start < uncached + self.size:  # else every slot is filled: Alg. 1's next forward would only commit
                 start = uncached
-        return Region(start, min(start + self.size, req.horizon))
+        return Region(start, min(start + self.size, horizon))
 
     def __call__(self, req: Request, decision: Decision) -> Committed:
         if self.kind == "window":  # committed before this round, so cached by the next forward: the window starts here

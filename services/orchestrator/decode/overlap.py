@@ -1,27 +1,28 @@
 """Drafting the next window while the guider verifies this one (PEARL's post-verify, overlap=true).
 
-The verify stage asks, in the same yield as its verify calls, for the next round's proposal on a copy of the request
-that has this round's drafts accepted and committed. The engine's step batches those calls with the guider's and the
-filter's, so the drafter and the guider work at once. The next round takes that proposal only if the request it
-starts from is exactly the copy it was drafted on (the same canvas, commits and order; the pipeline's gate and commit
-draw nothing from the RNG, so the round starts from the RNG the proposal was drawn from): the proposal is then the
-one the drafter would make now, and the output is token for token what overlap=false gives. Otherwise the proposal is
-dropped and the round proposes as usual; the causal drafter's cache drops the speculative commits it holds at its next
-forward (services/dlm_drafter/causal.py, roll_back).
+The verify stage asks, in the same yield as its verify calls, for the next round's proposal on the assumption that
+the round accepts the first n of its drafts, for one n or several (`guesses`): one drafter call (ProposeAfter), each
+guess in a span of its own, which is the forward the drafter would run for the request with those n drafts committed.
+The engine's step batches it with the guider's and the filter's calls, so the drafter and the guider work at once.
+The next round takes the guess whose count the round accepted, if the request it starts from is exactly the one that
+guess assumed (the same canvas, commits and order; the pipeline's gate and commit draw nothing from the RNG, so the
+round starts from the RNG that guess drew from): its proposal is then the one the drafter would make now, and the
+output is token for token what overlap=false gives. Otherwise the round proposes as usual. A guess's forward keeps no
+KV of its spans, so the drafter's cache never holds a speculative token.
 
-It pays only where whole windows are accepted. On the shipped zoo (window 16, about 8.4 tokens a round) 3 of 12
-speculations held (the 5 bench prompts, both follow modes), so the speculative forward mostly costs: served c=1,
-`dlm bench --concurrency 1 --strategy pipeline --max-new-tokens 48 --set overlap=true` against false on one server,
-alternating on a shared 2-core CPU, 0.80-0.85x. Hence off by default.
-
-Guessing the gate's decision instead of a whole window holds little more often, measured and not built. With
-follow=drafter a round decides the first n drafts, so a guess is a count, read from what the proposal carries when
-the speculation goes out (the verdict and the filter's scores come back in that step). Over 80 prompts of the bench's
-tasks (198 rounds, `scripts/speculation_guesses.py`), whole windows were accepted in 16% of rounds, the best guess
-(the run of drafts above 0.7 drafter probability) held in 33%, and the best three guesses together in 49%. On the
-H200's served c=1 round (drafter 3.9 ms, guider 2.8, 1.15 ms a hop, 0.8 of orchestrator), a share h of speculations
-that hold gives on / off = 9.8 / (10.8 - 5.0 h): 1.04x at the bench prompts' 27% of whole windows (their 11 rounds:
-`speculation_guesses.py bench`), as measured there, and 1.3x needs h = 0.65.
+guesses=1 speculates on the whole window, as PEARL does. It pays only where whole windows are accepted: on the
+shipped zoo (window 16, about 8.4 tokens a round) 3 of 12 speculations held (the 5 bench prompts, both follow modes),
+so the speculative forward mostly costs: served c=1, `dlm bench --concurrency 1 --strategy pipeline --max-new-tokens
+48 --set overlap=true` against false on one server, alternating on a shared 2-core CPU, 0.80-0.85x. Hence off by
+default. With follow=drafter a round decides the first n drafts (n >= 1), so `guesses` > 1 adds the counts the
+drafter finds likeliest after the whole window (guess_counts); guesses >= window covers every count, and then a
+speculation holds unless the request's state changed otherwise (an EOS, its end). Each guess adds its tokens to the
+one forward: nearly free where the drafter's forward costs its kernel launches (a GPU, models this small), not on a
+CPU core. Over 80 prompts of the bench's tasks (scripts/speculation_guesses.py) 16%, 39%, 52%, 62% and 100% of rounds
+held at guesses 1, 2, 3, 4 and 16. On the H200's served c=1 round (drafter 3.9 ms, guider 2.8, 1.15 ms a hop, 0.8 of
+orchestrator), a share h that holds saves the drafter's forward and a hop: on / off = 9.8 / (10.8 - 5.0 h), 1.3x at
+h = 0.65, if the guesses' forward costs a plain proposal's there. On a 2-core CPU it costs its FLOPs (README,
+Strategies: 0.65-0.89x served).
 """
 
 import copy
@@ -30,7 +31,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from services.common.contract import Stage
+from services.common.contract import Call, ProposeAfter, Role, Stage
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
 from services.orchestrator.decode.commit import Commit
@@ -43,7 +44,7 @@ class Speculation:
     ahead: Request  # the request the proposal was drafted on
     region: Region
     proposal: Proposal
-    generator: torch.Generator  # the RNG after it
+    generator: torch.Generator | None  # the RNG after it; None: a greedy request's, which drew nothing
 
     def holds(self, req: Request, region: Region) -> bool:
         ahead = self.ahead
@@ -52,9 +53,8 @@ class Speculation:
         return all(torch.equal(getattr(req, name), getattr(ahead, name)) for name in SAME)
 
 
-def accepted(req: Request, region: Region, proposal: Proposal, commit: Commit) -> Request:
-    """A copy of the request after a full acceptance: every undecided position from the frontier to the region's end
-    decided with the draft there (the proposal, or a kept tentative draft) and committed."""
+def copied(req: Request) -> Request:
+    """A copy of the request whose canvas, commits, state and RNG can change without changing it."""
     ahead = object.__new__(Request)
     for f in fields(Request):
         object.__setattr__(ahead, f.name, getattr(req, f.name))
@@ -63,11 +63,55 @@ def accepted(req: Request, region: Region, proposal: Proposal, commit: Commit) -
     ahead.order, ahead.state, ahead.logprobs = list(req.order), copy.deepcopy(req.state), dict(req.logprobs)
     ahead.stats = copy.deepcopy(req.stats)
     ahead.generator = torch.Generator().set_state(req.generator.get_state())
-    ahead.tokens[proposal.positions] = proposal.ids
-    span = torch.arange(req.frontier, region.end)
-    undecided = span[~req.decided[span]]
-    commit(ahead, Decision(undecided, ahead.tokens[undecided]))
     return ahead
+
+
+def drafts(req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
+    """The canvas from the frontier to the region's end with the proposal in it: [region.end - frontier] tokens, the
+    drafts a round may accept (a kept tentative draft where the proposal has none)."""
+    canvas = req.tokens.clone()
+    canvas[proposal.positions] = proposal.ids
+    return canvas[req.frontier : region.end]
+
+
+def accepted(req: Request, region: Region, proposal: Proposal, commit: Commit, n: int | None = None) -> Request:
+    """A copy of the request after its round accepted the first n undecided positions from the frontier (all of
+    them to the region's end by default), each decided with its draft and committed."""
+    ahead = copied(req)
+    span = torch.arange(req.frontier, region.end)
+    undecided = span[~req.decided[span]][:n]
+    commit(ahead, Decision(undecided, drafts(req, region, proposal)[undecided - req.frontier]))
+    return ahead
+
+
+def guess_counts(probs: torch.Tensor, guesses: int) -> list[int]:
+    """probs [L], the drafter's probability of each of a window's drafts -> the accepted counts to speculate on: the
+    whole window, then the likeliest others, `guesses` in all.
+
+    The gate accepts the run of drafts the guider agrees with, at least one. Taking each draft's probability as the
+    chance that it is accepted, the run is k long with probability p_1 ... p_k (1 - p_k+1); the count is max(k, 1)."""
+    run = torch.cat([torch.ones(1), probs.double().cumprod(0)])  # [L + 1]: P(run >= k)
+    exact = run - torch.cat([run[1:], torch.zeros(1)])  # [L + 1]: P(run == k)
+    exact[1] += exact[0]
+    likely = sorted(range(1, len(probs)), key=lambda n: -float(exact[n]))
+    return [len(probs), *likely][:guesses]
+
+
+@dataclass(slots=True)
+class Guesses:
+    base: Request  # a copy of the request as its round verified it
+    region: Region
+    proposal: Proposal
+    guessed: dict[int, tuple[Proposal, torch.Generator | None]]  # accepted count -> next proposal, its RNG after
+
+    def taken(self, req: Request, region: Region, commit: Commit) -> Speculation | None:
+        """The guess whose count the round accepted, if the request is the one it assumed."""
+        n = len(req.order) - len(self.base.order)
+        if n not in self.guessed:
+            return None
+        ahead = accepted(self.base, self.region, self.proposal, commit, n)
+        speculation = Speculation(ahead, commit.region(ahead), *self.guessed[n])
+        return speculation if speculation.holds(req, region) else None
 
 
 class PostVerify:
@@ -79,31 +123,51 @@ class PostVerify:
         propose: Callable[[Request, Region], Stage[Proposal]],
         verify: Callable[[Request, Region, Proposal], Stage[Verdict]],
         commit: Commit,
+        ar_head: bool,
+        guesses: int = 1,
     ):
         self.inner_propose, self.inner_verify, self.commit = propose, verify, commit
-        self.speculation: Speculation | None = None
+        self.ar_head, self.guesses = ar_head, guesses
+        self.speculation: Guesses | None = None
 
     def propose(self, req: Request, region: Region) -> Stage[Proposal]:
         speculation, self.speculation = self.speculation, None
-        if speculation is not None and speculation.holds(req, region):
-            req.generator = speculation.generator
-            return speculation.proposal
-        return (yield from self.inner_propose(req, region))
+        taken = speculation.taken(req, region, self.commit) if speculation is not None else None
+        if taken is None:
+            return (yield from self.inner_propose(req, region))
+        if taken.generator is not None:
+            req.generator = taken.generator
+        return taken.proposal
 
     def verify(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
-        ahead = accepted(req, region, proposal, self.commit)
-        next_region = self.commit.region(ahead)
-        if ahead.finished or next_region.start >= next_region.end:
+        window = drafts(req, region, proposal)
+        counts = self.counts(req, proposal, window)
+        if not counts:
             return (yield from self.inner_verify(req, region, proposal))
-        own = req.generator
-        verdict, drafted = yield from together(
-            self.inner_verify(req, region, proposal), self.inner_propose(ahead, next_region)
-        )
-        # the engine hands a call's RNG to the round's request (engine/rounds.py, account): the speculative
-        # proposal's belongs to the speculation
-        self.speculation = Speculation(ahead, next_region, drafted, req.generator)
-        req.generator = own
+        start = req.frontier
+        ends = tuple(self.commit.region_at(start + n, req.horizon, req.state).end for n in counts)
+        call = Call(Role.DRAFTER, ProposeAfter(req, start, window, counts, ends, self.ar_head))
+        verdict, guessed = yield from together(self.inner_verify(req, region, proposal), one(call))
+        rng = [None] * len(counts)
+        if guessed.rng is not None:  # set_state reads a state from its storage's start: each row in a copy of its own
+            rng = [torch.Generator().set_state(state.clone()) for state in guessed.rng]
+        guesses = zip(counts, zip(guessed.proposals, rng, strict=True), strict=True)
+        self.speculation = Guesses(copied(req), region, proposal, dict(guesses))
         return verdict
+
+    def counts(self, req: Request, proposal: Proposal, window: torch.Tensor) -> tuple[int, ...]:
+        """The counts this round speculates on, none that ends the request: past a draft EOS or the canvas end."""
+        eos = (window == req.eos_id).nonzero()
+        usable = min(int(eos[0]) if len(eos) else len(window), req.horizon - req.frontier - 1)
+        contiguous = torch.equal(proposal.positions, torch.arange(req.frontier, req.frontier + len(window)))
+        # with tentative drafts in the window (follow=guider's context) only the whole window is a count of drafts
+        counts = guess_counts(proposal.probs, self.guesses) if contiguous else [len(window)]
+        return tuple(n for n in counts if n <= usable)
+
+
+def one(call: Call) -> Stage:
+    (value,) = yield [call]
+    return value
 
 
 def together(first: Stage, second: Stage) -> Stage[tuple]:

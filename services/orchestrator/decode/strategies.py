@@ -309,6 +309,7 @@ class PipelineParams:
     frontier_head: str = "ar"
     overlap: bool = False  # draft the next window while the guider verifies this one (overlap.py)
     lookahead: int = 0  # follow=guider: the guider's own next tokens, decoded while the drafter drafts (lookahead.py)
+    guesses: int = 1  # overlap, follow=drafter: the accepted counts the next window is drafted for (overlap.py)
 
     def __post_init__(self):
         check_positive("window", self.window)
@@ -320,6 +321,9 @@ class PipelineParams:
         check_choice("frontier_head", self.frontier_head, FRONTIER_HEADS)
         if self.lookahead and (self.follow != "guider" or self.overlap):
             raise ValueError("lookahead needs follow=guider (the guider's tokens are the output) and overlap=false")
+        check_positive("guesses", self.guesses)
+        if self.guesses > 1 and (self.follow != "drafter" or not self.overlap):
+            raise ValueError("guesses > 1 needs overlap=true and follow=drafter (a round accepts a count of drafts)")
 
     def build(self, catalog: Catalog) -> Stages:
         need(catalog, "drafter", "guider")
@@ -333,7 +337,7 @@ class PipelineParams:
         if self.lookahead:
             propose = GuiderLookahead(propose, self.lookahead)
         if self.overlap:
-            post = PostVerify(propose, verify, commit)
+            post = PostVerify(propose, verify, commit, self.frontier_head == "ar", self.guesses)
             propose, verify = post.propose, post.verify
         return Stages(propose, gate, commit, verify, ("drafter", "guider"))
 

@@ -222,12 +222,16 @@ def test_sixteen_concurrent_streams_equal_in_process(service):
 
 @pytest.mark.parametrize(
     "variant, base",
-    [({"overlap": True}, {"overlap": False}), ({"follow": "guider", "lookahead": 3}, {"follow": "guider"})],
-    ids=["overlap", "lookahead"],
+    [
+        ({"overlap": True}, {"overlap": False}),
+        ({"overlap": True, "guesses": 16}, {"overlap": False}),
+        ({"follow": "guider", "lookahead": 3}, {"follow": "guider"}),
+    ],
+    ids=["overlap", "guesses", "lookahead"],
 )
 def test_sixteen_streams_drafting_and_verifying_at_once_equal_in_process_without(service, variant, base):
-    """pipeline with overlap=true, or following the guider with lookahead=3, served at c=16, greedy and seeded: token
-    for token the same without, in process."""
+    """pipeline with overlap=true (guessing the whole window, or every count), or following the guider with
+    lookahead=3, served at c=16, greedy and seeded: token for token the same without, in process."""
     client, _, engine = service
     on, off = {**CASES["pipeline"], **variant}, {**CASES["pipeline"], **base}
     samplings = [{} if i % 2 else dict(temperature=0.8, seed=300 + i) for i in range(16)]

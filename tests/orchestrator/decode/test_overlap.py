@@ -9,7 +9,8 @@ from services.common.proposal import Proposal, Region
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.orchestrator.decode.commit import Commit
-from services.orchestrator.decode.overlap import Speculation, accepted
+from services.orchestrator.decode.overlap import Speculation, accepted, guess_counts
+from services.orchestrator.decode.strategies import make_params
 from services.orchestrator.engine.engine import Engine
 from tests.orchestrator.decode.test_follow import GUIDER, OTHER, PROMPT, N, engine_with
 from tests.orchestrator.decode.test_scripted_strategies import IdentityFilter
@@ -34,10 +35,13 @@ def decode(
     requests: int = 1,
     window: int = 8,
     head: str = "ar",
+    guesses: int = 1,
 ):
     engine = engine_with(model, "causal")
     reqs = [engine.request(PROMPT, N, sampling, request_id=f"r{i}") for i in range(requests)]
     params = {"window": window, "follow": follow, "overlap": overlap, "frontier_head": head}
+    if guesses > 1:
+        params["guesses"] = guesses
     for req in reqs:
         engine.add(req, "pipeline", params)
     while engine.has_unfinished():
@@ -46,14 +50,47 @@ def decode(
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
-@pytest.mark.parametrize("follow", ["drafter", "guider"])
+@pytest.mark.parametrize(("follow", "guesses"), [("drafter", 1), ("drafter", 2), ("drafter", 8), ("guider", 1)])
 @pytest.mark.parametrize("requests", [1, 3])
 @pytest.mark.parametrize("head", ["ar", "mask"])
-def test_overlap_gives_the_tokens_of_no_overlap(follow, sampling, requests, head):
+def test_overlap_gives_the_tokens_of_no_overlap(follow, guesses, sampling, requests, head):
     # 0.5: the seeded drafter samples other tokens than its top-1; window 4: speculations taken with rounds after them
     for confidence, window in [(0.99, 8), (0.5, 8), (0.99, 4), (0.5, 4)]:
         off = decode(drafter(confidence), False, follow, sampling, requests, window, head)
-        assert decode(drafter(confidence), True, follow, sampling, requests, window, head) == off
+        assert decode(drafter(confidence), True, follow, sampling, requests, window, head, guesses) == off
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+def test_with_every_count_guessed_each_round_after_the_first_takes_its_speculation(sampling):
+    """Rounds accepting 5, 1, 8 and 2 drafts: guessing every count, each round after the first takes the proposal
+    drafted beside the previous round's verify, so the drafter runs one forward a round (and the first round's
+    propose); guessing the whole window alone, the rounds after a shorter acceptance propose anew."""
+    forwards = []
+    for guesses in (1, 8):
+        model, off = drafter(), decode(drafter(), False, "drafter", sampling)
+        assert decode(model, True, "drafter", sampling, guesses=guesses) == off
+        forwards.append(len(model.inputs))
+    assert forwards == [6, 5]
+
+
+def test_the_counts_guessed_are_the_whole_window_then_the_likeliest():
+    """Reference: each draft accepted with its drafter probability, the run of accepted drafts is k long with
+    probability p_1 ... p_k (1 - p_k+1), and a round accepts max(k, 1)."""
+    probs = torch.tensor([0.9, 0.9, 0.1, 0.9])
+    exact = {1: 0.1 + 0.9 * 0.1, 2: 0.81 * 0.9, 3: 0.081 * 0.1, 4: 0.081 * 0.9}  # count -> its probability
+    ranked = [4] + sorted((1, 2, 3), key=lambda n: -exact[n])
+    assert ranked == [4, 2, 1, 3]
+    for guesses in range(1, 5):
+        assert guess_counts(probs, guesses) == ranked[:guesses]
+    # a run of none accepts one draft too: count 1 is likelier than 2 here only with the empty run counted in
+    unsure_first = torch.tensor([0.5, 0.99, 0.5, 0.5])  # count 1: 0.5 + 0.005, 2: 0.2475, 3: 0.12375
+    assert guess_counts(unsure_first, 4) == [4, 1, 2, 3]
+
+
+@pytest.mark.parametrize("params", [{"guesses": 2}, {"guesses": 2, "overlap": True, "follow": "guider"}])
+def test_guesses_need_overlap_and_follow_drafter(params):
+    with pytest.raises(ValueError, match="guesses > 1 needs overlap=true and follow=drafter"):
+        make_params("pipeline", params)
 
 
 @pytest.mark.parametrize("follow", ["drafter", "guider"])

@@ -62,15 +62,17 @@ def test_step_over_the_remote_executor_gives_the_in_process_tokens(engine, remot
     assert "propose" in remote.handles["drafter"].calls or "propose_bidirectional" in remote.handles["drafter"].calls
 
 
+@pytest.mark.parametrize("guesses", [1, 16])
 @pytest.mark.parametrize("sampling", [SEEDED, SamplingParams()], ids=["seeded", "greedy"])
-def test_overlap_over_the_remote_executor_gives_the_in_process_tokens_without_it(engine, remote, sampling):
-    """The speculative proposal crosses the hop with its own RNG (seeded), or none (greedy)."""
+def test_overlap_over_the_remote_executor_gives_the_in_process_tokens_without_it(engine, remote, sampling, guesses):
+    """The speculative proposals cross the hop with their own RNG states (seeded), or none (greedy)."""
     asyncio.run(remote.start())
     off = Engine(engine.config).generate(PROMPT, "pipeline", {"overlap": False}, max_new_tokens=24, sampling=sampling)
     on = Engine(engine.config, remote).generate(
-        PROMPT, "pipeline", {"overlap": True}, max_new_tokens=24, sampling=sampling
+        PROMPT, "pipeline", {"overlap": True, "guesses": guesses}, max_new_tokens=24, sampling=sampling
     )
     assert on.token_ids == off.token_ids
+    assert "propose_after" in remote.handles["drafter"].calls
 
 
 @pytest.mark.parametrize("executor", ["local", "remote"])
