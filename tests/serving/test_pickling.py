@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import services.serving.pickling  # noqa: F401  registers the reducers
-from services.common.contract import AcceptProbs, Propose, Reply, Verify
-from services.common.proposal import Decision, Proposal, Region, TokenLogprob, Verdict
+from services.common.contract import AcceptProbs, Guessed, Propose, Reply, Verify
+from services.common.proposal import Decision, Proposal, Region, TokenLogprob, TokenLogprobs, Verdict
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 
@@ -96,3 +96,26 @@ def test_call_arguments_round_trip_compactly():
     assert_same_request(verify.req, req, rng=False, whole=False)  # the guider samples nothing
     assert (verify.start, verify.top_k, verify.method, accept.family) == (2, 3, "verify", "causal")
     assert torch.equal(verify.draft, args[0].draft) and torch.equal(accept.confidence, args[1].confidence)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_overlaps_guesses_cross_as_flat_arrays_and_come_back_whole(seeded):
+    """propose_after's reply: each guess's proposal as it left, and the RNG states; far fewer bytes than a proposal
+    object each, with no torch reduce. A proposal that carries logprobs crosses whole."""
+    proposals = [
+        Proposal(torch.arange(n, n + 16 - n), torch.arange(16 - n) + 40, torch.rand(16 - n), torch.rand(16 - n), None)
+        for n in (1, 2, 5, 15)
+    ]
+    rng = torch.stack([torch.Generator().manual_seed(i).get_state() for i in range(4)]) if seeded else None
+    data = pickle.dumps(Reply(Guessed(proposals, rng), 7))
+    assert b"torch" not in data and b"Proposal" not in data
+    back = pickle.loads(data).value
+    for got, sent in zip(back.proposals, proposals, strict=True):
+        for name in ("positions", "ids", "probs", "entropy"):
+            assert torch.equal(getattr(got, name), getattr(sent, name)), name
+        assert got.logits is None and got.logprobs is None
+    assert (back.rng is None) if rng is None else torch.equal(back.rng, rng)
+    chosen = TokenLogprobs(torch.zeros(1), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), verified=False)
+    with_logprobs = Proposal(torch.arange(1), torch.arange(1), torch.ones(1), torch.zeros(1), None, chosen)
+    back = pickle.loads(pickle.dumps(Guessed([with_logprobs], None)))
+    assert torch.equal(back.proposals[0].logprobs.chosen, chosen.chosen)
