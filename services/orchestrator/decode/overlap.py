@@ -35,6 +35,7 @@ from services.common.contract import Call, ProposeAfter, Role, Stage
 from services.common.proposal import Decision, Proposal, Region, Verdict
 from services.common.request import Request
 from services.orchestrator.decode.commit import Commit
+from services.orchestrator.decode.verify import drafts
 
 SAME = ("tokens", "decided", "filled", "committed")  # the canvas tensors a proposal reads
 
@@ -66,17 +67,9 @@ def copied(req: Request) -> Request:
     return ahead
 
 
-def drafts(req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
-    """The canvas from the frontier to the region's end with the proposal in it: [region.end - frontier] tokens, the
-    drafts a round may accept (a kept tentative draft where the proposal has none)."""
-    canvas = req.tokens.clone()
-    canvas[proposal.positions] = proposal.ids
-    return canvas[req.frontier : region.end]
-
-
-def accepted(req: Request, region: Region, proposal: Proposal, commit: Commit, n: int | None = None) -> Request:
-    """A copy of the request after its round accepted the first n undecided positions from the frontier (all of
-    them to the region's end by default), each decided with its draft and committed."""
+def accepted(req: Request, region: Region, proposal: Proposal, commit: Commit, n: int) -> Request:
+    """A copy of the request after its round accepted the first n undecided positions from the frontier, each decided
+    with its draft and committed."""
     ahead = copied(req)
     span = torch.arange(req.frontier, region.end)
     undecided = span[~req.decided[span]][:n]

@@ -22,6 +22,14 @@ def filter_call(drafter: str, region: Region, proposal: Proposal) -> Call:
     return Call(Role.FILTER, AcceptProbs(drafter, confidence))
 
 
+def drafts(req: Request, region: Region, proposal: Proposal) -> torch.Tensor:
+    """The canvas from the frontier to the region's end with the proposal in it: [region.end - frontier] tokens, what
+    the guider checks and a round may accept (a kept tentative draft where the proposal has none)."""
+    canvas = req.tokens.clone()
+    canvas[proposal.positions] = proposal.ids
+    return canvas[req.frontier : region.end]
+
+
 def proposal_scores(scores: torch.Tensor, region: Region, proposal: Proposal) -> torch.Tensor:
     """Region scores [end - start] -> the proposal's [N]."""
     return scores[proposal.positions - region.start]
@@ -34,10 +42,7 @@ class GuiderVerify:
     # past the agreement stay as context
 
     def __call__(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
-        start = req.frontier
-        draft = req.tokens.clone()
-        draft[proposal.positions] = proposal.ids
-        calls = [Call(Role.GUIDER, Verify(req, start, draft[start : region.end], self.top_k))]
+        calls = [Call(Role.GUIDER, Verify(req, req.frontier, drafts(req, region, proposal), self.top_k))]
         if self.filter_drafter:
             calls.append(filter_call(self.filter_drafter, region, proposal))
         verdict, *scores = yield calls

@@ -151,9 +151,10 @@ def test_a_speculation_holds_only_for_the_request_it_assumed():
     req = Request("r", PROMPT, N, MASK, 0)
     region, commit = Region(0, 4), Commit("frontier", 4)
     proposal = Proposal(torch.arange(4), torch.tensor(GUIDER[:4]), torch.ones(4), torch.zeros(4), None)
-    speculation = Speculation(accepted(req, region, proposal, commit), Region(4, 8), proposal, req.generator)
-    assert speculation.holds(accepted(req, region, proposal, commit), Region(4, 8))
+    speculation = Speculation(accepted(req, region, proposal, commit, 4), Region(4, 8), proposal, req.generator)
+    assert speculation.holds(accepted(req, region, proposal, commit, 4), Region(4, 8))
     other = Proposal(torch.arange(4), torch.tensor(GUIDER[:3] + [OTHER[3]]), torch.ones(4), torch.zeros(4), None)
-    assert not speculation.holds(accepted(req, region, other, commit), Region(4, 8))  # the same commits, one token not
-    assert not speculation.holds(accepted(req, Region(0, 3), proposal, commit), Region(3, 7))
-    assert not speculation.holds(accepted(req, region, proposal, commit), Region(4, 7))
+    # the same commits, one token not
+    assert not speculation.holds(accepted(req, region, other, commit, 4), Region(4, 8))
+    assert not speculation.holds(accepted(req, Region(0, 3), proposal, commit, 3), Region(3, 7))
+    assert not speculation.holds(accepted(req, region, proposal, commit, 4), Region(4, 7))
