@@ -1,16 +1,20 @@
 """Bytes a served round would send to the replicas and get back: the in-process engine on the shipped zoo, each call
-group's arguments and replies pickled as they cross a hop (services/serving/pickling.py), per round per request.
+group's arguments and replies pickled as they cross a hop (services/serving/pickling.py), per round per request; the
+arguments both with each request whole and as the channel sends them (services/serving/request_sync.py: whole once,
+then what changed), with the time to pickle and unpickle them (the hosts run on the latter).
 `PYTHONPATH=. python scripts/hop_bytes.py [STRATEGY] [CONCURRENCY] [greedy|seeded]` (48 new tokens each)"""
 
 import pickle
 import sys
+import time
 
 import services.serving.pickling  # noqa: F401  the hop's reducers
 from services.common.config import DEFAULT_CONFIG, EngineConfig
-from services.common.contract import Groups, Parents, Results
+from services.common.contract import ROLES, Groups, Parents, Results
 from services.common.sampling import SamplingParams
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
+from services.serving.request_sync import Mirror, Sent
 
 PROMPTS = ["sort: 58 68 49 27 13 91 67", "add 366+558=", "count from 1 to 9:", "reverse: a b c d e f"]
 
@@ -21,12 +25,28 @@ class Counting(LocalExecutor):
 
     def __init__(self, config: EngineConfig):
         super().__init__(config)
-        self.out, self.back = 0, 0
+        self.out, self.out_whole, self.back = 0, 0, 0
+        self.seconds, self.seconds_whole = 0.0, 0.0  # pickling and unpickling the arguments
+        self.sent, self.mirror = Sent(), Mirror()
 
     def run(self, groups: Groups, parents: Parents) -> Results:
-        sent = {key: pickle.dumps(args) for key, args in groups.items()}
+        start = time.perf_counter()
+        whole = {key: pickle.loads(pickle.dumps(args)) for key, args in groups.items()}
+        self.out_whole += sum(len(pickle.dumps(args)) for args in groups.values())
+        middle = time.perf_counter()
+        sent = {
+            key: pickle.dumps([self.sent.outgoing(ROLES[key[0]].host, a) for a in args]) for key, args in groups.items()
+        }
+        received = {key: [self.mirror.incoming(a) for a in pickle.loads(data)] for key, data in sent.items()}
+        self.seconds += time.perf_counter() - middle
+        self.seconds_whole += middle - start
         self.out += sum(map(len, sent.values()))
-        results = super().run({key: pickle.loads(data) for key, data in sent.items()}, parents)
+        del whole
+        results = super().run(received, parents)
+        for key, replies in results.items():  # as DirectHandle.replies: where a draw left each copy of the RNG
+            for call, reply in zip(groups[key], [] if isinstance(replies, BaseException) else replies, strict=False):
+                if reply.generator is not None:
+                    self.sent.drew(ROLES[key[0]].host, call.req, reply.generator.get_state())
         back = {key: pickle.dumps(replies) for key, replies in results.items()}
         self.back += sum(map(len, back.values()))
         return {key: pickle.loads(data) for key, data in back.items()}
@@ -48,7 +68,9 @@ def main() -> None:
     rounds = sum(len(req.stats.accepted) for req in reqs)
     print(
         f"{strategy} c={concurrency} {'seeded' if seeded else 'greedy'}: {rounds} request-rounds; per request-round "
-        f"out {executor.out / rounds:.0f} B, back {executor.back / rounds:.0f} B"
+        f"out {executor.out / rounds:.0f} B, back {executor.back / rounds:.0f} B; each request whole, out "
+        f"{executor.out_whole / rounds:.0f} B; to pickle and unpickle the arguments "
+        f"{1e6 * executor.seconds / rounds:.0f} us, whole {1e6 * executor.seconds_whole / rounds:.0f} us"
     )
 
 

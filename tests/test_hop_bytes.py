@@ -1,5 +1,6 @@
 """scripts/hop_bytes.py, which the README cites for what a served round sends: on the shipped zoo, a `credit` call's
-request crosses without its gate's [block, V] scores (services/serving/pickling.py: ENGINE_ONLY)."""
+request crosses without its gate's [block, V] scores (services/serving/pickling.py: ENGINE_ONLY), and as what changed
+in fewer bytes than whole (services/serving/request_sync.py)."""
 
 import re
 
@@ -13,9 +14,10 @@ from tests.zoo import needs_zoo
 @needs_zoo
 def test_credit_sends_kilobytes_a_request_and_round_not_its_scores():
     out = run_script("scripts/hop_bytes.py", "credit", "2")
-    rounds, sent, back = map(
-        int, re.search(r"(\d+) request-rounds; per request-round out (\d+) B, back (\d+) B", out).groups()
+    found = re.search(
+        r"(\d+) request-rounds; per request-round out (\d+) B, back (\d+) B; each request whole, out (\d+)", out
     )
+    rounds, sent, back, whole = map(int, found.groups())
     assert rounds > 0
-    assert sent < 8_000  # the scores alone are [block, V] floats: hundreds of KB
+    assert sent < whole < 8_000  # the scores alone are [block, V] floats: hundreds of KB
     assert back > 100_000  # the gate fuses the drafter's whole distribution, which comes back (keep_logits)

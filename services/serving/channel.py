@@ -22,6 +22,7 @@ from typing import TypeVar
 HEADER = struct.Struct("!IQ")  # payload length, call id
 NO_REPLY = 0  # the call id of a frame that wants no reply (releases)
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class ChannelClosed(ConnectionError):
@@ -42,12 +43,13 @@ def frame(call_id: int, payload: bytes) -> bytes:
 
 class ChannelServer(Executor):
     """A replica's end, and its host's one thread: an event loop on a thread of its own accepts connections and runs
-    `handle` on each frame's payload right there, which returns the reply's payload. The host's other work (a release
-    through Serve) comes to the same thread through `submit`, so that nothing touches the host's caches at once.
-    Handing each frame to another thread cost two thread wake-ups a call."""
+    `handle` on each frame's payload right there, with the connection's session (made by `session` when it opens:
+    what the connection's frames share, services/serving/request_sync.py), which returns the reply's payload. The
+    host's other work (a release through Serve) comes to the same thread through `submit`, so that nothing touches the
+    host's caches at once. Handing each frame to another thread cost two thread wake-ups a call."""
 
-    def __init__(self, ip: str, handle: Callable[[bytes], bytes]):
-        self.handle = handle
+    def __init__(self, ip: str, handle: Callable[[bytes, S], bytes], session: Callable[[], S]):
+        self.handle, self.session = handle, session
         self.token = secrets.token_bytes(16)
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -78,9 +80,10 @@ class ChannelServer(Executor):
             _, token = await read_frame(reader)
             if not secrets.compare_digest(token, self.token):
                 return
+            session = self.session()
             while True:
                 call_id, payload = await read_frame(reader)
-                reply = self.handle(payload)  # blocks the loop: the host runs one call at a time anyway
+                reply = self.handle(payload, session)  # blocks the loop: the host runs one call at a time anyway
                 if call_id != NO_REPLY:
                     writer.write(frame(call_id, reply))
         except ChannelClosed:
@@ -108,10 +111,14 @@ class Channel:
 
     async def call(self, payload: bytes) -> bytes:
         """payload -> the reply's payload, connecting first where needed."""
+        await self.ready()
+        return await self.request(payload)
+
+    async def ready(self) -> None:
+        """Connected, connecting first where needed: `request` may send."""
         await self.connect()
         if self.closed is not None:  # broke while connecting: nothing would answer
             raise self.closed
-        return await self.request(payload)
 
     def request(self, payload: bytes) -> asyncio.Future[bytes]:
         """On an open channel: the call's frame, written before this returns -> the future of its reply's payload."""

@@ -8,6 +8,7 @@ executor, which moves its requests and calls again. A stateless deployment (no r
 live replicas in turn, as its router publishes them (the filter's takes PinnedRouter for that); until then on the
 replicas it has a channel to, so that no round asks Serve again."""
 
+import asyncio
 import itertools
 import pickle
 from collections.abc import Awaitable
@@ -17,14 +18,17 @@ from ray.serve.handle import DeploymentHandle
 
 import services.serving.pickling  # noqa: F401  the contract's classes cross the hop compactly
 from services.common.contract import Args, Reply
+from services.common.request import Request
 from services.serving.channel import Channel, ChannelClosed
 from services.serving.live_replicas import live_replicas
+from services.serving.request_sync import OutOfSync, Sent
 
 
 class DirectHandle:
     def __init__(self, handle: DeploymentHandle, host: str):
         self.handle, self.host = handle, host
         self.channels: dict[str, Channel] = {}  # replica unique id -> its channel
+        self.sent: dict[str, Sent] = {}  # replica unique id -> what its channel's connection was sent of each request
         self.turn = itertools.count()
         self.run = SimpleNamespace(remote=self.start)
         self.release = SimpleNamespace(remote=self.free)
@@ -38,25 +42,48 @@ class DirectHandle:
         """The call, its frame already written when this returns where the replica's channel is open: the replica
         starts computing before the event loop runs anything else (a step's calls went out up to 1.1 ms late behind
         the streams and index writes of the step before). Otherwise the channel is learnt and opened first."""
-        payload, replica = pickle.dumps(("call", self.host, method, args, parents)), replica or self.any_replica()
+        replica = replica or self.any_replica()
         channel = self.channels.get(replica)
         if channel is None or not channel.connected:
-            return self.opened(replica, payload)
-        return self.answer(replica, channel.request(payload))
+            return self.opened(replica, method, args, parents)
+        return self.answer(replica, method, args, parents)
 
-    async def opened(self, replica: str | None, payload: bytes) -> list[Reply]:
+    async def opened(self, replica: str | None, method: str, args: list[Args], parents: list[str] | None):
         """The call once the replica's channel is learnt and connected."""
         replica, channel = await self.channel(replica)
-        return await self.answer(replica, channel.call(payload))
+        try:
+            await channel.ready()
+        except ChannelClosed:
+            self.channels.pop(replica, None)
+            raise
+        return await self.answer(replica, method, args, parents)
 
-    async def answer(self, replica: str, reply: Awaitable[bytes]) -> list[Reply]:
+    def answer(self, replica: str, method: str, args: list[Args], parents: list[str] | None):
+        """Sends the call on the replica's open channel, each request as what changed since the replica last had it
+        (request_sync.py), now -> its replies."""
+        sent = self.sent[replica]
+        payload = pickle.dumps(("call", self.host, method, [sent.outgoing(self.host, a) for a in args], parents))
+        return self.replies(replica, self.channels[replica].request(payload), method, args, parents)
+
+    async def replies(self, replica: str, reply: Awaitable[bytes], method, args, parents) -> list[Reply]:
+        sent = self.sent[replica]
         try:
             status, value = pickle.loads(await reply)
         except ChannelClosed:
             self.channels.pop(replica, None)
             raise
-        if status == "error":
+        except asyncio.CancelledError:  # timed out: what the replica made of its copies is unknown, so send whole
+            sent.forget(self.host, requests_of(args))
+            raise
+        if isinstance(value, OutOfSync):  # nothing ran: send each request whole
+            sent.forget(self.host)
+            return await self.answer(replica, method, args, parents)
+        if status == "error":  # the host may have drawn from its copies of the RNG: send whole
+            sent.forget(self.host, requests_of(args))
             raise value
+        for call, reply in zip(args, value, strict=True):
+            if reply.generator is not None:  # its copy of the request's RNG stands there now
+                sent.drew(self.host, call.req, reply.generator.get_state())
         return value
 
     async def channel(self, replica: str | None) -> tuple[str, Channel]:
@@ -65,7 +92,7 @@ class DirectHandle:
         if replica in self.channels:
             return replica, self.channels[replica]
         replica, address, token = await self.handle.endpoint.remote(replica=replica)
-        self.channels[replica] = Channel(address, token)
+        self.channels[replica], self.sent[replica] = Channel(address, token), Sent()  # a connection's copies
         return replica, self.channels[replica]
 
     def any_replica(self) -> str | None:
@@ -76,6 +103,11 @@ class DirectHandle:
     def free(self, request_ids: list[str], replica: str | None = None) -> None:
         """Free KV where it lives; nothing waits on it."""
         if replica in self.channels:
+            self.sent[replica].forget(self.host, request_ids)
             self.channels[replica].post(pickle.dumps(("release", self.host, request_ids)))
         else:
             self.handle.release.remote(self.host, request_ids, replica=replica)
+
+
+def requests_of(args: list[Args]) -> list[str]:
+    return [call.req.id for call in args if isinstance(getattr(call, "req", None), Request)]

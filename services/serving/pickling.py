@@ -77,7 +77,7 @@ def reduce(obj) -> tuple:
 ENGINE_ONLY = ("state", "logprobs")
 
 
-class _ForHost:
+class ForHost:
     """A call's request as its host reads it: without ENGINE_ONLY, and with its RNG only where the host draws from it
     (a proposal's sampling, sampling.choose) and the request samples."""
 
@@ -99,8 +99,8 @@ def reduce_request(req: Request, rng: bool = True, skip: tuple[str, ...] = ()) -
 
 def reduce_args(args: Args) -> tuple:
     state = {name: pack(getattr(args, name)) for name in names(type(args))}
-    if "req" in state:
-        state["req"] = _ForHost(args.req, rng=isinstance(args, DRAWS))
+    if type(state.get("req")) is Request:  # else what request_sync.py sends in its place
+        state["req"] = ForHost(args.req, rng=isinstance(args, DRAWS))
     return restore, (type(args), state)
 
 
@@ -133,4 +133,4 @@ for cls in get_args(Args):
     copyreg.pickle(cls, reduce_args)
 copyreg.pickle(Guessed, reduce_guessed)
 copyreg.pickle(Request, reduce_request)  # whole: the cache index's record of a request (cluster/admission.py)
-copyreg.pickle(_ForHost, lambda view: reduce_request(view.req, view.rng, ENGINE_ONLY))
+copyreg.pickle(ForHost, lambda view: reduce_request(view.req, view.rng, ENGINE_ONLY))

@@ -22,6 +22,7 @@ from services.common.kv_manager import KVManager
 from services.common.threads import intra_op_threads
 from services.common.tracing import stage_spans
 from services.serving.channel import ChannelServer
+from services.serving.request_sync import Mirror
 
 Endpoint = tuple[str, tuple[str, int], bytes]  # the replica's unique id, its channel's address and token
 
@@ -39,7 +40,7 @@ class ReplicaHost:
         # (engine/local_executor.py), rather than on the worker threads Serve gives a sync method, where two calls
         # could touch the host's caches at once and the drafter's propose ran 5-17% slower (its compute in
         # `dlm bench --breakdown`).
-        self.channel = ChannelServer(ray.util.get_node_ip_address(), self.answer)
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), self.answer, Mirror)
         if threads:  # set on the thread that runs the forwards: each OpenMP thread leads a team of its own
             self.channel.submit(intra_op_threads, threads).result()
         self.report_kv()
@@ -49,15 +50,18 @@ class ReplicaHost:
         which may be gone."""
         return self.replica, self.channel.address, self.channel.token
 
-    def answer(self, payload: bytes) -> bytes:
-        """A channel frame, on the host's thread: ("call", host, method, args, parents) -> ("ok", replies) or
-        ("error", exception); ("release", host, request_ids) -> nothing."""
-        kind, *rest = pickle.loads(payload)
+    def answer(self, payload: bytes, mirror: Mirror) -> bytes:
+        """A channel frame, on the host's thread, with its connection's copies of the requests (request_sync.py):
+        ("call", host, method, args, parents) -> ("ok", replies) or ("error", exception); ("release", host,
+        request_ids) -> nothing."""
+        kind, host, *rest = pickle.loads(payload)
         if kind == "release":
-            self.free(*rest)
+            mirror.forget(host, *rest)
+            self.free(host, *rest)
             return b""
+        method, args, parents = rest
         try:
-            return pickle.dumps(("ok", self.call(*rest)))
+            return pickle.dumps(("ok", self.call(host, method, [mirror.incoming(a) for a in args], parents)))
         except Exception as e:  # fails the requests of this call only, as in process
             return pickle.dumps(("error", e))
 

@@ -15,7 +15,7 @@ import pytest
 from services.serving.channel import HEADER, Channel, ChannelClosed, ChannelServer, frame, read_frame
 
 
-def echo(payload: bytes) -> bytes:
+def echo(payload: bytes, session=None) -> bytes:
     return b"echo " + payload
 
 
@@ -39,12 +39,12 @@ def test_replies_find_their_calls_by_id_in_any_order():
 def test_a_replica_runs_its_calls_and_other_work_one_at_a_time_on_one_thread():
     ran = []
 
-    def handle(payload: bytes) -> bytes:
+    def handle(payload: bytes, session: dict) -> bytes:
         ran.append((threading.current_thread(), payload))
         time.sleep(0.01)
         return echo(payload)
 
-    server = ChannelServer("127.0.0.1", handle)
+    server = ChannelServer("127.0.0.1", handle, dict)
 
     async def calls():
         channel = Channel(server.address, server.token)
@@ -59,7 +59,7 @@ def test_a_replica_runs_its_calls_and_other_work_one_at_a_time_on_one_thread():
 
 
 def test_work_submitted_to_a_replicas_thread_brings_its_exception_back():
-    server = ChannelServer("127.0.0.1", echo)
+    server = ChannelServer("127.0.0.1", echo, dict)
 
     def fails():
         raise KeyError("no such request")
@@ -70,7 +70,7 @@ def test_work_submitted_to_a_replicas_thread_brings_its_exception_back():
 
 def test_a_connection_without_the_token_is_closed_unanswered():
     ran = []
-    server = ChannelServer("127.0.0.1", ran.append)
+    server = ChannelServer("127.0.0.1", lambda payload, _: ran.append(payload), dict)
     with socket.create_connection(server.address) as sock:
         sock.sendall(frame(0, b"not the token") + frame(1, b"payload"))
         sock.settimeout(10)
@@ -81,7 +81,7 @@ def test_a_connection_without_the_token_is_closed_unanswered():
 REPLICA = """
 import time
 from services.serving.channel import ChannelServer
-server = ChannelServer("127.0.0.1", lambda payload: time.sleep(int(payload)) or payload)
+server = ChannelServer("127.0.0.1", lambda payload, _: time.sleep(int(payload)) or payload, dict)
 print(server.address[1], server.token.hex(), flush=True)
 time.sleep(3600)
 """

@@ -17,6 +17,7 @@ from services.serving import live_replicas
 from services.serving.channel import ChannelClosed, ChannelServer
 from services.serving.direct import DirectHandle
 from services.serving.replica import ReplicaHost
+from services.serving.request_sync import Mirror
 
 
 class Host:
@@ -42,7 +43,12 @@ class Replica(ReplicaHost):
     def __init__(self, name: str, ran: list):
         self.hosts = {"drafter": Host(name, ran), "guider": Host(f"{name} guider", ran)}
         self.deployment, self.replica, self.kv, self.kv_budget = "models", name, [], 1
-        self.channel = ChannelServer("127.0.0.1", self.answer)
+        self.mirrors: list[Mirror] = []  # each connection's copies of the requests, as it opened
+        self.channel = ChannelServer("127.0.0.1", self.answer, self.mirror)
+
+    def mirror(self) -> Mirror:
+        self.mirrors.append(Mirror())
+        return self.mirrors[-1]
 
 
 def dead_port() -> int:
