@@ -96,8 +96,9 @@ class Channel:
     """An orchestrator's end of one replica's channel, connected on first use. Closed for good once it breaks: the
     caller asks Serve for the replica's address again (direct.py)."""
 
-    def __init__(self, address: tuple[str, int], token: bytes):
+    def __init__(self, address: tuple[str, int], token: bytes, session: object = None):
         self.address, self.token = address, token
+        self.session = session  # what the caller keeps of this connection, as ChannelServer's session at the other end
         self.ids = itertools.count(NO_REPLY + 1)
         self.pending: dict[int, asyncio.Future[bytes]] = {}
         self.writer: asyncio.StreamWriter | None = None

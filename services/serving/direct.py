@@ -28,7 +28,6 @@ class DirectHandle:
     def __init__(self, handle: DeploymentHandle, host: str):
         self.handle, self.host = handle, host
         self.channels: dict[str, Channel] = {}  # replica unique id -> its channel
-        self.sent: dict[str, Sent] = {}  # replica unique id -> what its channel's connection was sent of each request
         self.turn = itertools.count()
         self.run = SimpleNamespace(remote=self.start)
         self.release = SimpleNamespace(remote=self.free)
@@ -46,7 +45,7 @@ class DirectHandle:
         channel = self.channels.get(replica)
         if channel is None or not channel.connected:
             return self.opened(replica, method, args, parents)
-        return self.answer(replica, method, args, parents)
+        return self.answer(replica, channel, method, args, parents)
 
     async def opened(self, replica: str | None, method: str, args: list[Args], parents: list[str] | None):
         """The call once the replica's channel is learnt and connected."""
@@ -54,30 +53,30 @@ class DirectHandle:
         try:
             await channel.ready()
         except ChannelClosed:
-            self.channels.pop(replica, None)
+            self.closed(replica, channel)
             raise
-        return await self.answer(replica, method, args, parents)
+        return await self.answer(replica, channel, method, args, parents)
 
-    def answer(self, replica: str, method: str, args: list[Args], parents: list[str] | None):
-        """Sends the call on the replica's open channel, each request as what changed since the replica last had it
-        (request_sync.py), now -> its replies."""
-        sent = self.sent[replica]
+    def answer(self, replica: str, channel: Channel, method: str, args: list[Args], parents: list[str] | None):
+        """Sends the call on the replica's open channel, each request as what changed since that connection last
+        carried it (request_sync.py), now -> its replies."""
+        sent: Sent = channel.session
         payload = pickle.dumps(("call", self.host, method, [sent.outgoing(self.host, a) for a in args], parents))
-        return self.replies(replica, self.channels[replica].request(payload), method, args, parents)
+        return self.replies(replica, channel, channel.request(payload), method, args, parents)
 
-    async def replies(self, replica: str, reply: Awaitable[bytes], method, args, parents) -> list[Reply]:
-        sent = self.sent[replica]
+    async def replies(self, replica: str, channel: Channel, reply: Awaitable[bytes], method, args, parents):
+        sent: Sent = channel.session
         try:
             status, value = pickle.loads(await reply)
         except ChannelClosed:
-            self.channels.pop(replica, None)
+            self.closed(replica, channel)
             raise
         except asyncio.CancelledError:  # timed out: what the replica made of its copies is unknown, so send whole
             sent.forget(self.host, requests_of(args))
             raise
         if isinstance(value, OutOfSync):  # nothing ran: send each request whole
             sent.forget(self.host)
-            return await self.answer(replica, method, args, parents)
+            return await self.answer(replica, channel, method, args, parents)
         if status == "error":  # the host may have drawn from its copies of the RNG: send whole
             sent.forget(self.host, requests_of(args))
             raise value
@@ -92,8 +91,14 @@ class DirectHandle:
         if replica in self.channels:
             return replica, self.channels[replica]
         replica, address, token = await self.handle.endpoint.remote(replica=replica)
-        self.channels[replica], self.sent[replica] = Channel(address, token), Sent()  # a connection's copies
+        if replica not in self.channels:  # else another call learnt it meanwhile: one connection per replica
+            self.channels[replica] = Channel(address, token, Sent())  # with the requests the connection carried
         return replica, self.channels[replica]
+
+    def closed(self, replica: str, channel: Channel) -> None:
+        """The channel broke: the next call asks Serve for the replica again."""
+        if self.channels.get(replica) is channel:
+            del self.channels[replica]
 
     def any_replica(self) -> str | None:
         """A live replica in turn; those with a channel while no router has published the live ones yet."""
@@ -103,7 +108,7 @@ class DirectHandle:
     def free(self, request_ids: list[str], replica: str | None = None) -> None:
         """Free KV where it lives; nothing waits on it."""
         if replica in self.channels:
-            self.sent[replica].forget(self.host, request_ids)
+            self.channels[replica].session.forget(self.host, request_ids)
             self.channels[replica].post(pickle.dumps(("release", self.host, request_ids)))
         else:
             self.handle.release.remote(self.host, request_ids, replica=replica)

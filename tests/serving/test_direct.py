@@ -213,3 +213,22 @@ def test_each_hosts_calls_and_releases_reach_that_host_on_a_colocated_replica(ra
 
     asyncio.run(calls())
     assert ran == [("r0 guider", "propose", ["g"]), ("r0", "propose", ["d"]), ("r0 guider", "release", ["a"])]
+
+
+def test_calls_that_learn_a_replicas_channel_at_once_share_one_connection(ran):
+    """Two engines' first calls (an orchestrator that took over): both ask Serve, both run, over one connection."""
+    serve = Serve(ran)
+    asked = serve.get_endpoint
+
+    async def slow_endpoint(replica=None):
+        await asyncio.sleep(0.05)  # both calls ask before either hears back
+        return await asked(replica)
+
+    serve.endpoint = SimpleNamespace(remote=slow_endpoint)
+    direct = DirectHandle(serve, "drafter")
+
+    async def calls():
+        return await asyncio.gather(*(direct.run.remote("propose", [i], None, replica="r0") for i in range(2)))
+
+    assert [[r.value for r in replies] for replies in asyncio.run(calls())] == [["r0"], ["r0"]]
+    assert len(serve.replicas["r0"].mirrors) == 1

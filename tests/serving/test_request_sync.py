@@ -150,7 +150,7 @@ def test_a_replica_that_lost_its_copies_still_runs_the_call(ran):  # noqa: F811
 
     assert asyncio.run(calls()) == [[1, 1], [9, 1], [9, 8]]
     assert len(ran) == 3  # the call out of sync ran once, whole
-    assert type(direct.sent["r0"].outgoing("drafter", Propose(req, Region(2, 16))).req) is Changed
+    assert type(direct.channels["r0"].session.outgoing("drafter", Propose(req, Region(2, 16))).req) is Changed
 
 
 def test_a_request_whose_call_failed_crosses_whole_next(ran):  # noqa: F811
@@ -164,7 +164,7 @@ def test_a_request_whose_call_failed_crosses_whole_next(ran):  # noqa: F811
             await direct.run.remote("verify", [Verify(req, 0, torch.tensor([3]), 1)], None, replica="r0")
 
     asyncio.run(calls())
-    assert type(direct.sent["r0"].outgoing("drafter", Propose(req, Region(0, 16))).req) is Whole
+    assert type(direct.channels["r0"].session.outgoing("drafter", Propose(req, Region(0, 16))).req) is Whole
 
 
 class Drawing:
@@ -196,4 +196,4 @@ def test_draws_on_the_replica_go_on_from_its_copy_of_the_rng_as_in_process(ran):
 
 
 def sent_rng(direct: DirectHandle, req: Request):
-    return direct.sent["r0"].outgoing("drafter", Propose(req, Region(0, 16))).req.rng
+    return direct.channels["r0"].session.outgoing("drafter", Propose(req, Region(0, 16))).req.rng
