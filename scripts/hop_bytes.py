@@ -31,9 +31,11 @@ class Counting(LocalExecutor):
 
     def run(self, groups: Groups, parents: Parents) -> Results:
         start = time.perf_counter()
-        whole = {key: pickle.loads(pickle.dumps(args)) for key, args in groups.items()}
-        self.out_whole += sum(len(pickle.dumps(args)) for args in groups.values())
+        whole = [pickle.dumps(args) for args in groups.values()]
+        for data in whole:
+            pickle.loads(data)
         middle = time.perf_counter()
+        self.out_whole += sum(map(len, whole))
         sent = {
             key: pickle.dumps([self.sent.outgoing(ROLES[key[0]].host, a) for a in args]) for key, args in groups.items()
         }
@@ -41,12 +43,10 @@ class Counting(LocalExecutor):
         self.seconds += time.perf_counter() - middle
         self.seconds_whole += middle - start
         self.out += sum(map(len, sent.values()))
-        del whole
         results = super().run(received, parents)
         for key, replies in results.items():  # as DirectHandle.replies: where a draw left each copy of the RNG
-            for call, reply in zip(groups[key], [] if isinstance(replies, BaseException) else replies, strict=False):
-                if reply.generator is not None:
-                    self.sent.drew(ROLES[key[0]].host, call.req, reply.generator.get_state())
+            if not isinstance(replies, BaseException):
+                self.sent.replied(ROLES[key[0]].host, groups[key], replies)
         back = {key: pickle.dumps(replies) for key, replies in results.items()}
         self.back += sum(map(len, back.values()))
         return {key: pickle.loads(data) for key, data in back.items()}

@@ -80,9 +80,7 @@ class DirectHandle:
         if status == "error":  # the host may have drawn from its copies of the RNG: send whole
             sent.forget(self.host, requests_of(args))
             raise value
-        for call, reply in zip(args, value, strict=True):
-            if reply.generator is not None:  # its copy of the request's RNG stands there now
-                sent.drew(self.host, call.req, reply.generator.get_state())
+        sent.replied(self.host, args, value)
         return value
 
     async def channel(self, replica: str | None) -> tuple[str, Channel]:

@@ -104,18 +104,17 @@ class Sent:
 
     def encode(self, host: str, req: Request, rng: bool) -> Whole | Changed:
         """rng: the host draws from the request's sampling RNG (pickling.DRAWS), whose state then crosses."""
-        key, states = (host, req.id), canvas_state(req)
+        key, states, draws = (host, req.id), canvas_state(req), rng and not req.sampling.greedy
         shadow = self.shadows.get(key)
         if shadow is None or shadow.req is not req:  # first sent, or another request under a released id
-            drawn = rng and not req.sampling.greedy
-            self.shadows[key] = Shadow(req, 0, states, list(req.order), req.generator.get_state() if drawn else None)
+            self.shadows[key] = Shadow(req, 0, states, list(req.order), req.generator.get_state() if draws else None)
             return Whole(host, 0, ForHost(req, rng))
         at = np.flatnonzero(states != shadow.states)
         n = len(shadow.order)
         start = n if req.order[:n] == shadow.order else 0
         tail = req.order[start:]
         generator = None
-        if rng and not req.sampling.greedy:  # the RNG crosses only where it moved since the replica's copy
+        if draws:  # the RNG crosses only where it moved since the replica's copy
             state = req.generator.get_state()
             if shadow.rng is None or not torch.equal(state, shadow.rng):
                 generator, shadow.rng = state.numpy(), state
@@ -126,11 +125,15 @@ class Sent:
         shadow.version, shadow.states, shadow.order[start:] = shadow.version + 1, states, tail
         return change
 
-    def drew(self, host: str, req: Request, state: torch.Tensor) -> None:
-        """The host drew from its copy of the request's RNG, which it left in this state (its reply's)."""
-        shadow = self.shadows.get((host, req.id))
-        if shadow is not None and shadow.req is req:
-            shadow.rng = state
+    def replied(self, host: str, args: list, replies: list) -> None:
+        """A call's replies, one per args: where a host drew from its copy of a request's RNG, that copy stands where
+        the reply's RNG does."""
+        for call, reply in zip(args, replies, strict=True):
+            if reply.generator is None:
+                continue
+            shadow = self.shadows.get((host, call.req.id))
+            if shadow is not None and shadow.req is call.req:
+                shadow.rng = reply.generator.get_state()
 
     def forget(self, host: str, request_ids: list[str] | None = None) -> None:
         """Drop the host's copies of these requests (released), or all of them (the next call sends each whole)."""
@@ -166,7 +169,8 @@ class Mirror:
             req.committed.numpy()[at] = states & COMMITTED
         del req.order[change.order_from :]
         req.order += change.order_tail
-        req.horizon, req.emitted, req.finish_reason = change.scalars
+        for name, value in zip(SCALARS, change.scalars, strict=True):
+            setattr(req, name, value)
         for name, value in zip(STAT_COUNTERS, change.counters, strict=True):
             setattr(req.stats, name, value)
         if change.rng is not None:

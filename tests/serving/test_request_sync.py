@@ -89,7 +89,7 @@ def test_the_rng_crosses_only_where_it_moved_since_the_replicas_copy():
     copy = hop(sent, mirror, propose, kind=Whole)
     torch.rand(3, generator=copy.generator)  # the host draws there; its reply brings the state back
     req.generator = torch.Generator().set_state(copy.generator.get_state())
-    sent.drew("drafter", req, req.generator.get_state())
+    sent.replied("drafter", [propose], [Reply(None, 0, req.generator)])
     assert sent.outgoing("drafter", propose).req.rng is None
     sent.shadows["drafter", req.id].version -= 1
     assert hop(sent, mirror, propose).generator is copy.generator  # untouched
