@@ -1,5 +1,6 @@
 """scripts/device/profile_round.py, which the README cites for where a GPU step goes: on the CPU it profiles the
-step's model calls too (they run on the calling thread), and reports every step it ran."""
+step's model calls too (they run on the calling thread), reports every step it ran, and each level's floor: its
+linear and attention calls replayed alone."""
 
 import re
 
@@ -22,3 +23,14 @@ def test_it_profiles_the_steps_model_calls_at_both_levels():
     assert [c for c, _, _ in levels] == ["1", "16"]
     assert all(int(n) > 0 for _, n, _ in levels)
     assert "aten::mm" in out  # the forwards' matmuls: the hosts ran where the profiler looks
+    floors = re.findall(
+        r"^floor: the linears alone ([\d.]+) ms per step, attention ([\d.]+): ([\d.]+) of ([\d.]+) ms \(\d+%\); "
+        r"model ([\d.]+) GFLOP/s, at the floor ([\d.]+)$",
+        out,
+        re.M,
+    )
+    assert len(floors) == 2
+    for linears, attention, alone, step, measured, at_floor in (map(float, f) for f in floors):
+        assert linears > 0 and attention > 0  # both kinds of call were recorded and replayed
+        assert alone == pytest.approx(linears + attention, abs=0.02)
+        assert 0 < alone < step and measured < at_floor  # the kernels alone cost less than the step they ran in

@@ -1,18 +1,27 @@
 """Where an in-process `pipeline` step goes on the config's device: torch.profiler over batches of c=1 and c=16
 requests (48 new tokens each), per step the host's op time, the device's kernel time, the kernel launches and the
 copies and syncs with the host, then the ops' tables. `python profile_round.py CONFIG` (scripts/device/variants.sh
-runs it on a lent GPU)."""
+runs it on a lent GPU).
 
+Then each level's floor: every linear and attention call its forwards made, replayed alone at its own shapes (best
+of several runs), against the level's unprofiled wall time, and the model FLOP/s (services/common/flops.py) at each:
+what the step would cost, and reach, if it were nothing but its matmuls and attention kernels."""
+
+import collections
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from services.common import flops
 from services.common.config import EngineConfig
 from services.common.params import BENCH_PROMPTS
 from services.common.sampling import SamplingParams
+from services.common.threads import DEFAULT_THREADS, intra_op_threads
 from services.orchestrator.engine.engine import Engine
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")
@@ -39,20 +48,62 @@ def steps(engine: Engine, concurrency: int, requests: int) -> int:
     return count
 
 
+KERNELS = ("aten::linear", "aten::scaled_dot_product_attention")  # the calls the floor replays
+
+
+def replay(name: str, shapes: list, device: str, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    """One recorded call, on random inputs of its shapes: F.linear(x, w[, b]), or SDPA(q, k, v[, mask]) with the
+    grouped-query heads the hosts ask for where k has fewer heads than q."""
+    args = [torch.randn(shape, device=device, dtype=dtype) if shape else None for shape in shapes[:4]]
+    if name == "aten::linear":
+        return lambda: F.linear(*args[:3])
+    q, k, v, mask = args
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def kernel_floor_ms(prof: profile, device: str, dtype: torch.dtype, runs: int = 20) -> dict[str, float]:
+    """op -> milliseconds its recorded calls take replayed alone, each shape's best of `runs` times its count."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+    calls = collections.Counter((e.name, repr(e.input_shapes)) for e in prof.events() if e.name in KERNELS)
+    floor: dict[str, float] = collections.defaultdict(float)
+    for (name, shapes), count in calls.items():
+        call = replay(name, eval(shapes), device, dtype)  # shapes: the repr of a list of lists of ints
+        best = float("inf")
+        for _ in range(runs + 3):  # the first three warm the shape up
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            best = min(best, time.perf_counter() - start)
+        floor[name] += 1000 * best * count
+    return floor
+
+
+def level(engine: Engine, concurrency: int, requests: int, activities: list, sync: Callable[[], None]):
+    """The level run unprofiled (its wall time and model FLOPs), then again profiled with the calls' shapes."""
+    before = flops.counted()
+    start = time.perf_counter()
+    n = steps(engine, concurrency, requests)
+    sync()
+    wall_ms, model = 1000 * (time.perf_counter() - start), flops.counted() - before
+    with profile(activities=activities, record_shapes=True) as prof:
+        steps(engine, concurrency, requests)
+        sync()
+    return n, wall_ms, model, prof
+
+
 def main(config_path: str) -> None:
     engine = Engine(EngineConfig.from_yaml(config_path))
     engine.executor.worker = Inline()
+    intra_op_threads(engine.config.threads or DEFAULT_THREADS)  # the forwards now run here, as on the worker
     cuda = engine.config.device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    dtype = getattr(torch, engine.config.dtype)
     steps(engine, 1, 4)  # warm up
     steps(engine, 16, 16)
     for concurrency, requests in ((1, 12), (16, 32)):
-        with profile(activities=activities) as prof:
-            start = time.perf_counter()
-            n = steps(engine, concurrency, requests)
-            if cuda:
-                torch.cuda.synchronize()
-            wall_ms = 1000 * (time.perf_counter() - start)
+        n, wall_ms, model, prof = level(engine, concurrency, requests, activities, sync)
         ops = prof.key_averages()
         host_ms = sum(e.self_cpu_time_total for e in ops) / 1000
         device_ms = sum(e.self_device_time_total for e in ops) / 1000
@@ -62,6 +113,14 @@ def main(config_path: str) -> None:
             f"\n== c={concurrency}: {n} steps in {wall_ms:.1f} ms, {wall_ms / n:.2f} ms per step; per step: "
             f"profiled CPU ops {host_ms / n:.2f} ms, device kernels {device_ms / n:.2f} ms, "
             f"{launches / n:.0f} kernel launches, {syncs / n:.1f} syncs/copies"
+        )
+        floor = kernel_floor_ms(prof, engine.config.device, dtype)
+        alone = sum(floor.values())
+        print(
+            f"floor: the linears alone {floor['aten::linear'] / n:.2f} ms per step, attention "
+            f"{floor['aten::scaled_dot_product_attention'] / n:.2f}: {alone / n:.2f} of {wall_ms / n:.2f} ms "
+            f"({alone / wall_ms:.0%}); model {model / wall_ms / 1e6:.1f} GFLOP/s, at the floor "
+            f"{model / alone / 1e6:.1f}"
         )
         print(ops.table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=48))
         if cuda:
