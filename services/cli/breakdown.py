@@ -4,6 +4,7 @@ RoundTrace rows of each Complete. No torch here: the gRPC client imports it (the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -68,11 +69,14 @@ def summary(timings: list[RoundTiming]) -> dict[str, dict[str, float]]:
     return stats_ms(columns)
 
 
-def finish_level(row: LoadRow, steps: list[RoundTiming], config: EngineConfig, breakdown: bool) -> LoadRow:
-    """A level's row with its MFU, and with --breakdown its parts per round."""
+def finish_level(
+    row: LoadRow, steps: list[RoundTiming], config: EngineConfig, breakdown: bool, run: Callable | None = None
+) -> LoadRow:
+    """A level's row with its MFU (run: where the forwards ran, mfu.measure), and with --breakdown its parts per
+    round."""
     from services.cli.mfu import measure
 
-    measure(row, steps, config)
+    measure(row, steps, config, run)
     if breakdown and steps:
         row.breakdown = summary(steps)
     return row

@@ -121,6 +121,7 @@ def bench_local(args) -> int:
                 *engine_level(engine, c, BENCH_PROMPTS, args.strategy, params, args.max_new_tokens),
                 engine.config,
                 args.breakdown,
+                engine.executor.call_on_worker,
             )
             for c in levels(args.concurrency)
         ]

@@ -1,8 +1,14 @@
 """Model FLOP utilisation: the model FLOPs a level ran per second (services/cli/breakdown.py) over what torch's
 matmul reaches on this machine, measured in the same run on the busiest model's own shapes: its decoder tokens per
-batched call times its hidden size, by its MLP's intermediate size ([T, H] x [H, I])."""
+batched call times its hidden size, by its MLP's intermediate size ([T, H] x [H, I]).
+
+In process the reference runs on the thread the forwards ran on, with its torch threads (OpenMP team): run on a
+thread of its own, it led a second team beside the forwards', and with more OpenMP threads than cores libgomp stops
+spinning at its barriers; the reference read 324-358 GFLOP/s there against 407-436 on the forwards' thread, and the
+MFU a quarter too high."""
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from services.cli.breakdown import work_of
@@ -51,8 +57,10 @@ def matmul_flops_per_s(
     return 2 * tokens * hidden * intermediate / best
 
 
-def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig) -> None:
-    """The level's model FLOP/s, the matmul reference on its busiest model's shapes, and their ratio, into the row."""
+def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig, run: Callable | None = None) -> None:
+    """The level's model FLOP/s, the matmul reference on its busiest model's shapes, and their ratio, into the row.
+    run(fn, *args): fn(*args) where the forwards ran (in process, LocalExecutor.call_on_worker); None: a server's
+    replicas ran them, and the reference runs here on a thread of its own with the config's threads."""
     done = work_of(steps)
     host = done.busiest()
     if host is None:
@@ -60,17 +68,15 @@ def measure(row: LoadRow, steps: list[RoundTiming], config: EngineConfig) -> Non
     hidden, intermediate = model_shape(config, host)
     tokens = done.tokens_per_call(host)
     row.model_gflops_per_s = sum(done.flops.values()) / row.wall_s / 1e9
-    reference = on_threads(
-        config.threads or DEFAULT_THREADS, matmul_flops_per_s, tokens, hidden, intermediate, config.device, config.dtype
-    )
+    run = run or (lambda fn, *args: on_threads(config.threads or DEFAULT_THREADS, fn, *args))
+    reference = run(matmul_flops_per_s, tokens, hidden, intermediate, config.device, config.dtype)
     row.matmul_gflops_per_s = reference / 1e9
     row.mfu = row.model_gflops_per_s / row.matmul_gflops_per_s
     row.matmul_shape = f"[{tokens}, {hidden}] x [{hidden}, {intermediate}]"
 
 
 def on_threads(threads: int, fn, *args):
-    """fn(*args) on a thread of its own with `threads` torch threads, as the in-process forwards have: the caller's
-    thread may have one (engine/local_executor.py)."""
+    """fn(*args) on a thread of its own with `threads` torch threads, leaving the caller's as they were."""
     import torch
 
     before = torch.get_num_threads()

@@ -2,17 +2,20 @@
 of every round add up to the round, and the rounds to the level's wall time."""
 
 import json
+import threading
 from dataclasses import replace
 
 import pytest
 import torch
 
+from services.cli import mfu
 from services.cli.breakdown import summary
 from services.cli.cli import main
 from services.cli.load import engine_level
 from services.cli.mfu import on_threads
 from services.common.config import EngineConfig
 from services.common.contract import Compute, Reply
+from services.common.threads import DEFAULT_THREADS
 from services.orchestrator.engine.engine import Engine
 from services.orchestrator.engine.local_executor import LocalExecutor
 from services.orchestrator.engine.round_timing import StepClock
@@ -109,9 +112,26 @@ def test_bench_breakdown_prints_the_parts_and_mfu(tmp_path, tiny_zoo, capsys):
         assert {"round", "orchestrator", "hops", "compute drafter", "idle guider", "overlap"} <= set(row["breakdown"])
 
 
-def test_the_matmul_reference_runs_on_the_forwards_threads(tiny_zoo):
-    """In process the engine's own thread keeps one torch thread (local_executor.py); MFU's reference matmul runs with
-    the forwards' threads all the same, and leaves the caller's as they were."""
+def test_in_process_the_matmul_reference_runs_on_the_forwards_thread(tmp_path, tiny_zoo, monkeypatch):
+    """In process MFU's reference matmul runs on the executor's worker, with its torch threads: on a thread of its own
+    it led a second OpenMP team beside the forwards' and read a fifth low (mfu.py)."""
+    where = []
+
+    def spy(*args):
+        where.append((threading.current_thread().name, torch.get_num_threads()))
+        return 1e12
+
+    monkeypatch.setattr(mfu, "matmul_flops_per_s", spy)
+    config = write_config(tmp_path, tiny_zoo)
+    args = ["--strategy", "pipeline", "--concurrency", "1,2", "--max-new-tokens", "4", "--set", "window=4"]
+    assert main(["--config", config, "bench", *args]) == 0
+    threads = EngineConfig.from_yaml(config).threads or DEFAULT_THREADS
+    assert len(where) == 2 and all(name.startswith("dlm-step") and n == threads for name, n in where), where
+
+
+def test_the_served_matmul_reference_runs_on_a_thread_of_its_own_with_the_configs_threads(tiny_zoo):
+    """Served, the client process ran no forward: the reference takes a thread of its own with the config's threads,
+    and leaves the caller's as they were (here one, as LocalExecutor leaves its caller)."""
     LocalExecutor(EngineConfig(models=tiny_zoo, threads=2))
     assert torch.get_num_threads() == 1
     assert on_threads(2, torch.get_num_threads) == 2

@@ -2,7 +2,9 @@
 one after another, on a worker thread so that an event loop serving clients never waits on a forward."""
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from services.common.compute import timed_call
 from services.common.config import EngineConfig
@@ -12,6 +14,8 @@ from services.common.placement import Placement
 from services.common.threads import DEFAULT_THREADS, intra_op_threads
 from services.common.tracing import stage_spans
 from services.orchestrator.engine.hosts import HostPool
+
+T = TypeVar("T")
 
 
 class LocalExecutor(HostPool):
@@ -29,6 +33,10 @@ class LocalExecutor(HostPool):
 
     def execute(self, groups: Groups, parents: Parents = None) -> asyncio.Future[Results]:
         return asyncio.get_running_loop().run_in_executor(self.worker, self.run, groups, parents)
+
+    def call_on_worker(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args) on the forwards' thread, with its torch threads, waiting for it (mfu.py's matmul reference)."""
+        return self.worker.submit(fn, *args).result()
 
     def run(self, groups: Groups, parents: Parents) -> Results:
         results: Results = {}
