@@ -51,7 +51,7 @@ def steps(engine: Engine, concurrency: int, requests: int) -> int:
 KERNELS = ("aten::linear", "aten::scaled_dot_product_attention")  # the calls the floor replays
 
 
-def replay(name: str, shapes: list, device: str, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+def replay(name: str, shapes: tuple, device: str, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     """One recorded call, on random inputs of its shapes: F.linear(x, w[, b]), or SDPA(q, k, v[, mask]) with the
     grouped-query heads the hosts ask for where k has fewer heads than q."""
     args = [torch.randn(shape, device=device, dtype=dtype) if shape else None for shape in shapes[:4]]
@@ -64,10 +64,12 @@ def replay(name: str, shapes: list, device: str, dtype: torch.dtype) -> Callable
 def kernel_floor_ms(prof: profile, device: str, dtype: torch.dtype, runs: int = 20) -> dict[str, float]:
     """op -> milliseconds its recorded calls take replayed alone, each shape's best of `runs` times its count."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
-    calls = collections.Counter((e.name, repr(e.input_shapes)) for e in prof.events() if e.name in KERNELS)
+    calls = collections.Counter(
+        (e.name, tuple(map(tuple, e.input_shapes))) for e in prof.events() if e.name in KERNELS
+    )  # (op, each input's shape, () where it is not a tensor) -> calls
     floor: dict[str, float] = collections.defaultdict(float)
     for (name, shapes), count in calls.items():
-        call = replay(name, eval(shapes), device, dtype)  # shapes: the repr of a list of lists of ints
+        call = replay(name, shapes, device, dtype)
         best = float("inf")
         for _ in range(runs + 3):  # the first three warm the shape up
             sync()
