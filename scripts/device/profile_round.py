@@ -61,9 +61,10 @@ def replay(name: str, shapes: tuple, device: str, dtype: torch.dtype) -> Callabl
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def kernel_floor_ms(prof: profile, device: str, dtype: torch.dtype, runs: int = 20) -> dict[str, float]:
+def kernel_floor_ms(
+    prof: profile, device: str, dtype: torch.dtype, sync: Callable[[], None], runs: int = 20
+) -> dict[str, float]:
     """op -> milliseconds its recorded calls take replayed alone, each shape's best of `runs` times its count."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
     calls = collections.Counter(
         (e.name, tuple(map(tuple, e.input_shapes))) for e in prof.events() if e.name in KERNELS
     )  # (op, each input's shape, () where it is not a tensor) -> calls
@@ -116,7 +117,7 @@ def main(config_path: str) -> None:
             f"profiled CPU ops {host_ms / n:.2f} ms, device kernels {device_ms / n:.2f} ms, "
             f"{launches / n:.0f} kernel launches, {syncs / n:.1f} syncs/copies"
         )
-        floor = kernel_floor_ms(prof, engine.config.device, dtype)
+        floor = kernel_floor_ms(prof, engine.config.device, dtype, sync)
         alone = sum(floor.values())
         print(
             f"floor: the linears alone {floor['aten::linear'] / n:.2f} ms per step, attention "
