@@ -4,12 +4,13 @@ busy, tok/s is (busy cores) / (CPU per token), so this says where a served token
 In process: this process's CPU (getrusage) over `dlm bench --concurrency C`'s closed loop on the engine. Served:
 every process's CPU on this machine (/proc/PID/stat) over the same loop against `dlm serve` at --target, this
 client included, grouped by Ray actor. Each form runs one warm-up level, then LEVELS timed ones.
-`PYTHONPATH=. python scripts/cpu_per_token.py [--target 127.0.0.1:50051] [--concurrency 16] [--levels 3]`
+`PYTHONPATH=. python scripts/cpu_per_token.py [--target 127.0.0.1:50051 [--idle 20]] [--concurrency 16] [--levels 3]`;
+--idle first reports the CPU the serving stack spends with no load, by process, over that many seconds.
 
-Shipped zoo, `pipeline`, 48 tokens, c=16, a shared 2-core CPU, 3 levels each (one run, 2026-11-27: in process,
-served, in process): in process 1770-2216 tok/s on 1.80-1.95 busy cores, 0.88-1.03 CPU ms a token; served 820-1057
-tok/s on 1.78-1.84 cores, 1.69-2.26 ms a token: drafter 0.67-0.92, orchestrator 0.43-0.54, guider 0.30-0.38,
-client 0.09-0.11, Ray's own processes 0.06-0.1, Redis 0.04-0.05, filter 0.03-0.05."""
+Shipped zoo, `pipeline`, 48 tokens, c=16, a shared 2-core CPU, 3 levels each (one run, 2026-11-29: in process,
+served with --idle 20, in process): in process 2059-2189 tok/s on 1.80-1.88 busy cores, 0.84-0.88 CPU ms a token;
+served 1222-1362 tok/s on 1.85-1.87 cores, 1.38-1.52 ms a token: drafter 0.58-0.62, orchestrator 0.31-0.34, guider
+0.25-0.27, client 0.08, filter 0.03-0.04, Ray's controller and Redis 0.03 each; idle, 23% of a core."""
 
 import argparse
 import os
@@ -43,6 +44,21 @@ def processes() -> dict[int, tuple[float, str]]:
     return out
 
 
+def spent(before: dict[int, tuple[float, str]], after: dict[int, tuple[float, str]]) -> Counter:
+    """Two processes() snapshots -> CPU seconds between them, by name."""
+    by_process = Counter()
+    for pid, (seconds, name) in after.items():
+        by_process[name] += seconds - before.get(pid, (0.0, name))[0]
+    return +by_process
+
+
+def idle(seconds: float) -> Counter:
+    """CPU seconds every process on this machine spends over `seconds` in which this one waits, by name."""
+    before = processes()
+    time.sleep(seconds)
+    return spent(before, processes())
+
+
 def report(form: str, row: LoadRow, wall: float, by_process: Counter) -> None:
     cpu = sum(by_process.values())
     print(
@@ -69,21 +85,23 @@ def in_process(concurrency: int, levels: int) -> None:
             report("in process", row, wall, Counter({"this process": cpu}))
 
 
-def served(target: str, concurrency: int, levels: int) -> None:
+def served(target: str, concurrency: int, levels: int, idle_s: float) -> None:
     from services.cli.client import DlmClient
     from services.cli.remote_cli import load_level
 
     with DlmClient(target) as client:
         client.wait_ready()
+        if idle_s:
+            by_process = idle(idle_s)
+            print(f"served idle: {100 * sum(by_process.values()) / idle_s:.1f}% of a core over {idle_s:g} s")
+            for name, seconds in by_process.most_common(8):
+                print(f"    {name:32s} {100 * seconds / idle_s:.1f}%")
         for level in range(levels + 1):
             before, start = processes(), time.perf_counter()
             row, _ = load_level(client, concurrency, BENCH_PROMPTS, KWARGS)
             after, wall = processes(), time.perf_counter() - start
-            by_process = Counter()
-            for pid, (seconds, name) in after.items():
-                by_process[name] += seconds - before.get(pid, (0.0, name))[0]
             if level:
-                report("served", row, wall, +by_process)
+                report("served", row, wall, spent(before, after))
 
 
 def main() -> None:
@@ -91,9 +109,12 @@ def main() -> None:
     parser.add_argument("--target", help="a `dlm serve` on this machine; without it, in process")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--levels", type=int, default=3)
+    parser.add_argument("--idle", type=float, default=0.0, help="with --target: seconds to measure it with no load")
     args = parser.parse_args()
+    if args.idle and not args.target:
+        parser.error("--idle measures a server: give --target")
     if args.target:
-        served(args.target, args.concurrency, args.levels)
+        served(args.target, args.concurrency, args.levels, args.idle)
     else:
         in_process(args.concurrency, args.levels)
 

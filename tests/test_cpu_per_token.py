@@ -3,6 +3,7 @@ the shipped zoo, and its served form's accounting (/proc) finds the CPU this pro
 
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -24,6 +25,26 @@ def test_the_process_accounting_names_this_process_and_counts_its_cpu():
     seconds, name = after[os.getpid()]
     assert name == "this client"
     assert 0.25 <= seconds - before[os.getpid()][0] <= 1.0  # clock ticks are 10 ms
+
+
+def test_idle_counts_the_cpu_every_process_spends_while_this_one_waits():
+    # another process burning CPU under a name of its own (argv[0]), from half a second before the window on
+    burner = subprocess.Popen(["bash", "-c", f"exec -a dlm-burner {sys.executable} -c 'while True: pass'"])
+    try:
+        time.sleep(0.5)
+        by_process = cpu_per_token.idle(1.0)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert 0.2 <= by_process["dlm-burner"] <= 1.15  # its second in the window (less on a busy machine), not before
+    assert all(seconds > 0 for seconds in by_process.values())  # only processes that spent some
+
+
+def test_idle_needs_a_server():
+    out = subprocess.run(
+        [sys.executable, "scripts/cpu_per_token.py", "--idle", "1"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "--idle measures a server: give --target" in out.stderr
 
 
 @pytest.mark.slow

@@ -144,14 +144,18 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
 
 
 def test_cpu_per_token_against_dlm_serve_names_where_a_served_token_goes(servers):
-    """README, "One machine's cores": `scripts/cpu_per_token.py --target` against `dlm serve`."""
+    """README, "One machine's cores": `scripts/cpu_per_token.py --target --idle` against `dlm serve`."""
     server = servers("ray", "dlm serve")
     target = f"127.0.0.1:{server.ports[50051]}"
-    out = run_script("scripts/cpu_per_token.py", "--target", target, "--concurrency", "2", "--levels", "1")
-    [total] = [line for line in out.splitlines() if line.startswith("served c=2")]  # no warm-up line
+    args = ("--target", target, "--idle", "2", "--concurrency", "2", "--levels", "1")
+    idle, loaded = run_script("scripts/cpu_per_token.py", *args).split("served c=2")  # no warm-up line
+    [busy] = re.findall(r"served idle: ([\d.]+)% of a core over 2 s", idle)
+    shares = [float(share) for share in re.findall(r"^    .+ ([\d.]+)%$", idle, re.M)]
+    assert 0 < sum(shares) <= float(busy) + 0.1 and all(shares)  # the busiest processes, with no load
+    total, *rows = loaded.splitlines()
     tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", total))
     assert tok_s > 0 and ms == pytest.approx(1000 * cores / tok_s, rel=0.05)
-    rows = dict(line.strip().rsplit(None, 1) for line in out.splitlines() if line.startswith("    "))
+    rows = dict(line.strip().rsplit(None, 1) for line in rows if line.startswith("    "))
     for name in ("ServeReplica:dlm:drafter", "ServeReplica:dlm:guider", "ServeReplica:dlm:orchestrator"):
         assert float(rows[name]) > 0, rows  # each model replica and the orchestrator, by its Ray actor's name
     assert sum(map(float, rows.values())) <= ms + 0.01  # the rows are the busiest of the total's processes
