@@ -2,7 +2,8 @@
 # #20's figures on a lent GPU machine, in one device call: in process, served, in process again (c=1 and c=16, with
 # --breakdown); served c=1 with overlap off, on (the whole window) and on guessing every count (guesses=16), taking
 # turns, then follow=guider at lookahead 0 and 2; served again with one orchestrator replica (stop 40's layouts: 1 x 2
-# micro-batches served c=16 fastest, on another lease); every strategy's tokens (tokens.py); the --strategies
+# micro-batches served c=16 fastest, on another lease); `dlm serve --local`, the same gRPC API and index with the
+# models in process (README, "Serving, or splitting?"); every strategy's tokens (tokens.py); the --strategies
 # baselines, following the drafter and the guider; the no-op round trip per transport. It first decodes one prompt in
 # process, and ends there if that fails.
 #
@@ -41,6 +42,8 @@ for la in 0 2; do served la 1 "--set follow=guider --set lookahead=$la"; done
 serve_down $C/serve.yaml; log "serve stopped"
 DLM_SERVING__REPLICAS__ORCHESTRATOR=1 serve_up $C/serve.yaml $O/serve1.log; up=$?  # one orchestrator (2 above)
 log "serve (1 orchestrator) up after $waited s"; [ $up = 0 ] && served one 1,16 ""; serve_down $C/serve.yaml
+serve_up $C/serve.yaml $O/serve_local.log --local; up=$?  # the same API and index, the models in process
+log "serve --local up after $waited s"; [ $up = 0 ] && served local 1,16 ""; serve_down $C/serve.yaml
 inproc 2
 timeout 100 $PY $C/tokens.py $C/dlm.yaml $O/tokens_gpu.json > $O/t.txt 2>&1; log "tokens rc=$?"; grep -v Loading $O/t.txt | tee -a $S
 for f in "" "--set follow=guider"; do

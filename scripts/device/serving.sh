@@ -4,13 +4,15 @@
 export PYTHONPATH=/tmp/b/site:$PWD REDIS_SERVER=/tmp/b/redis-server PYTHONUNBUFFERED=1
 PY=python3; DLM="$PY -m services.cli.cli"
 
-serve_up() {  # CONFIG LOG: `dlm serve` in a session of its own; $waited s later, 0 once it serves, 1 if it never will
-  setsid $DLM --config $1 serve > $2 2>&1 < /dev/null &
+SERVING='serving on|models loaded: SERVING'  # what `dlm serve` prints once it serves; `dlm serve --local` logs the other
+
+serve_up() {  # CONFIG LOG [FLAGS]: `dlm serve FLAGS` in a session of its own; $waited s later, 0 once it serves, 1 if never
+  setsid $DLM --config $1 serve "${@:3}" > $2 2>&1 < /dev/null &
   local srv=$! i
   for i in $(seq 1 90); do
-    sleep 2; grep -q 'serving on' $2 && break; grep -q Traceback $2 && break; kill -0 $srv 2> /dev/null || break
+    sleep 2; grep -qE "$SERVING" $2 && break; grep -q Traceback $2 && break; kill -0 $srv 2> /dev/null || break
   done
-  waited=$((i * 2)); grep -q 'serving on' $2
+  waited=$((i * 2)); grep -qE "$SERVING" $2
 }
 
 serve_down() {  # CONFIG: Ctrl-C to its `dlm serve`, then whatever of Ray and Redis is left
