@@ -4,9 +4,9 @@
 export PYTHONPATH=/tmp/b/site:$PWD REDIS_SERVER=/tmp/b/redis-server PYTHONUNBUFFERED=1
 PY=python3; DLM="$PY -m services.cli.cli"
 
-SERVING='serving on|models loaded: SERVING'  # what `dlm serve` prints once it serves; `dlm serve --local` logs the other
+SERVING='serving on|models loaded: SERVING'  # once it serves: what `dlm serve` prints, what `--local` logs
 
-serve_up() {  # CONFIG LOG [FLAGS]: `dlm serve FLAGS` in a session of its own; $waited s later, 0 once it serves, 1 if never
+serve_up() {  # CONFIG LOG [FLAGS]: `dlm serve FLAGS` in a session of its own; $waited s later, 0 once it serves, else 1
   setsid $DLM --config $1 serve "${@:3}" > $2 2>&1 < /dev/null &
   local srv=$! i
   for i in $(seq 1 90); do
