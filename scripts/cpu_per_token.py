@@ -1,21 +1,23 @@
 """CPU seconds per generated token, in process and served, by process. Where a load level keeps this machine's cores
 busy, tok/s is (busy cores) / (CPU per token), so this says where a served token's extra cost goes.
 
-In process: this process's CPU (getrusage) over `dlm bench --concurrency C`'s closed loop on the engine. Served:
+In process: this process's CPU (its threads', /proc/self/task) over `dlm bench --concurrency C`'s closed loop on the
+engine, split into the engine's thread (the steps, the decode stages, the loop) and the forwards'. Served:
 every process's CPU on this machine (/proc/PID/stat) over the same loop against `dlm serve` at --target, this
 client included, grouped by Ray actor. Each form runs one warm-up level, then LEVELS timed ones.
 `PYTHONPATH=. python scripts/cpu_per_token.py [--target 127.0.0.1:50051 [--idle 20]] [--concurrency 16] [--levels 3]`;
 --idle first reports the CPU the serving stack spends with no load, by process, over that many seconds.
 
 Shipped zoo, `pipeline`, 48 tokens, c=16, a shared 2-core CPU, 3 levels each (one run, 2026-11-29: in process,
-served with --idle 20, in process): in process 2059-2189 tok/s on 1.80-1.88 busy cores, 0.84-0.88 CPU ms a token;
-served 1222-1362 tok/s on 1.85-1.87 cores, 1.38-1.52 ms a token: drafter 0.58-0.62, orchestrator 0.31-0.34, guider
-0.25-0.27, client 0.08, filter 0.03-0.04, Ray's controller and Redis 0.03 each; idle, 23% of a core."""
+served with --idle 20, in process): in process 2446-2677 tok/s on 1.83-1.87 busy cores, 0.691-0.755 CPU ms a token
+(the forwards 0.649-0.708, the engine's thread 0.042-0.051); served 1486-1542 tok/s on 1.80-1.85 cores, 1.168-1.252
+ms a token: drafter 0.50-0.52, orchestrator 0.26-0.27, guider 0.22, client 0.07, filter 0.03, Redis and Ray's
+controller 0.02-0.025 each; idle, 20% of a core. 18.5 tokens a request."""
 
 import argparse
 import os
 import re
-import resource
+import threading
 import time
 from collections import Counter
 
@@ -59,11 +61,25 @@ def idle(seconds: float) -> Counter:
     return spent(before, processes())
 
 
+def threads() -> dict[int, float]:
+    """This process's threads: thread id -> CPU seconds so far."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
 def report(form: str, row: LoadRow, wall: float, by_process: Counter) -> None:
     cpu = sum(by_process.values())
     print(
         f"{form} c={row.concurrency}: {row.tokens_per_s:.0f} tok/s, {cpu / wall:.2f} busy cores, "
-        f"{1000 * cpu / row.tokens:.3f} CPU ms a token"
+        f"{1000 * cpu / row.tokens:.3f} CPU ms a token, {row.tokens / row.requests:.1f} tokens a request"
     )
     if len(by_process) > 1:
         for name, seconds in by_process.most_common(8):
@@ -75,14 +91,16 @@ def in_process(concurrency: int, levels: int) -> None:
     from services.common.config import DEFAULT_CONFIG, EngineConfig
     from services.orchestrator.engine.engine import Engine
 
-    engine = Engine(EngineConfig.from_yaml(DEFAULT_CONFIG))
+    engine, main = Engine(EngineConfig.from_yaml(DEFAULT_CONFIG)), threading.get_native_id()
     for level in range(levels + 1):
-        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        before, start = threads(), time.perf_counter()
         row, _ = engine_level(engine, concurrency, BENCH_PROMPTS, KWARGS["strategy"], {}, KWARGS["max_new_tokens"])
-        after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - start
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        after, wall = threads(), time.perf_counter() - start
+        by_thread = Counter()  # the engine steps on this thread; the hosts' forwards run on the executor's and torch's
+        for tid, seconds in after.items():
+            by_thread["the engine (its thread)" if tid == main else "the forwards"] += seconds - before.get(tid, 0.0)
         if level:  # the first one warms up
-            report("in process", row, wall, Counter({"this process": cpu}))
+            report("in process", row, wall, by_thread)
 
 
 def served(target: str, concurrency: int, levels: int, idle_s: float) -> None:

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -56,3 +57,33 @@ def test_in_process_it_reports_tok_s_busy_cores_and_cpu_per_token():
     tok_s, cores, ms = map(float, re.findall(r"([\d.]+) (?:tok/s|busy cores|CPU ms a token)", lines[0]))
     assert tok_s > 0 and 0 < cores <= os.cpu_count() + 0.1
     assert ms == pytest.approx(1000 * cores / tok_s, rel=0.05)  # CPU per token = busy cores / tok/s
+    assert 1 <= float(re.search(r"([\d.]+) tokens a request", lines[0])[1]) <= 48  # the bench's max_new_tokens
+    rows = dict(line.strip().rsplit(None, 1) for line in out.splitlines() if line.startswith("    "))
+    assert set(rows) == {"the engine (its thread)", "the forwards"} and all(float(v) > 0 for v in rows.values())
+    assert sum(map(float, rows.values())) == pytest.approx(ms, abs=0.002)  # the threads make up the total
+
+
+def test_threads_count_each_thread_of_this_process_apart():
+    burnt, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def burn() -> None:  # 0.3 s of CPU on a thread of its own, which then waits (a thread that ended has no entry)
+        tids.append(threading.get_native_id())
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        burnt.set()
+        done.wait(10)
+
+    before = cpu_per_token.threads()
+    worker = threading.Thread(target=burn)
+    worker.start()
+    try:
+        assert burnt.wait(10)
+        after = cpu_per_token.threads()
+    finally:
+        done.set()
+        worker.join()
+    [tid] = tids
+    assert tid not in before and 0.25 <= after[tid] <= 1.0  # clock ticks are 10 ms
+    assert after[threading.get_native_id()] - before[threading.get_native_id()] < 0.2  # this one waited

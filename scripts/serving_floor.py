@@ -1,0 +1,137 @@
+"""The CPU a served request costs at the least, beyond its forwards: what any design serving it here pays, whatever its
+orchestrator does. Each part runs alone, at 16 requests in flight, with nothing of ours in it:
+
+- gRPC: a bare grpc.aio server streaming what a bench request gets (its headers, 2 chunks of 9 tokens, a Complete),
+  called as `dlm bench --target` calls (a sync channel, a thread per stream): the server's CPU and the client's;
+- the cache index: what a request writes at the least, through the orchestrator's own writer (its reservation, its
+  record, a commit for each of 2 rounds, its release; batched 16 requests at a time as the writer batches them): this
+  process's CPU (redis-py) and redis-server's.
+
+Against in process, a served token may cost at most (1 / ratio - 1) times the in-process CPU a token more for served
+tok/s to reach `ratio` of in process, with the cores busy in both (`scripts/cpu_per_token.py` measures both).
+`PYTHONPATH=. python scripts/serving_floor.py [REQUESTS]`"""
+
+import asyncio
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from services.common.request import Request
+from services.orchestrator.cluster.admission import Record, snapshot, whole
+from services.orchestrator.cluster.index_writer import IndexWriter, Write
+from services.serving.cache_index import IndexEntry, Op
+from services.serving.redis_index import RedisCacheIndex
+from services.serving.redis_process import redis_process
+
+IN_FLIGHT = 16
+TICKS = os.sysconf("SC_CLK_TCK")
+SERVER = """
+import asyncio, sys, grpc
+async def generate(request, context):
+    await context.send_initial_metadata((("dlm-request-id", "r" * 32),))
+    for _ in range(2):
+        await asyncio.sleep(0.01)  # a round
+        yield b"c" * 60
+    yield b"k" * 160
+async def main():
+    server = grpc.aio.server()
+    method = grpc.unary_stream_rpc_method_handler(generate)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.S", {"G": method}),))
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def process_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def grpc_floor(requests: int) -> tuple[float, float]:
+    """-> (server, client) CPU ms a request."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, ThreadPoolExecutor(IN_FLIGHT) as pool:
+            call = channel.unary_stream("/floor.S/G")
+
+            def one(_: int) -> None:
+                stream = call(b"p" * 120)
+                stream.initial_metadata()  # the bench's client waits for the headers too (reconnect.holds)
+                for _message in stream:
+                    pass
+
+            list(pool.map(one, range(4 * IN_FLIGHT)))  # warm up
+            server_cpu, client_cpu = process_cpu(server.pid), own_cpu()
+            list(pool.map(one, range(requests)))
+            server_cpu, client_cpu = process_cpu(server.pid) - server_cpu, own_cpu() - client_cpu
+    finally:
+        server.kill()
+        server.wait()
+    return 1e3 * server_cpu / requests, 1e3 * client_cpu / requests
+
+
+async def index_floor(requests: int) -> tuple[float, float]:
+    """-> (this process, redis-server) CPU ms a request."""
+    req = Request("r" * 32, list(range(30)), 48, 0, 1)  # a bench request's size, greedy: no RNG in its snapshot
+    req.order = list(range(9))
+    blob = snapshot(req)
+    with redis_process() as server:
+        index = RedisCacheIndex.from_url(server.url)
+        writer = IndexWriter(index, lambda changed: [], "floor", lease_s=3600)
+        await writer.renew()
+
+        async def wave(first: int) -> None:  # IN_FLIGHT requests, start to end
+            rids = [f"req-{first + i}" for i in range(IN_FLIGHT)]
+            for rid in rids:  # the reserver: one request at a time, in FIFO order
+                await index.place(rid, [["d0", "d1"], ["g0"]], 78, 65536)
+            for rid in rids:  # its record, with its reservation (IndexAdmission.placed)
+                entry = IndexEntry(rid, "d0", "g0", snapshot=blob)
+                writer.push(whole(Record(entry, 78, {"drafter": "d0", "guider": "g0"})))
+            await writer.flush()
+            for r in range(2):
+                for rid in rids:
+                    positions = list(range(9 * r, 9 * r + 9))
+                    writer.push(Write(rid, [Op("commit", (rid, positions, positions, blob, 9 * r + 9))]))
+                await writer.flush()
+            for rid in rids:
+                writer.push(Write(rid, [Op("release", (rid,))]))
+            await writer.flush()
+
+        await wave(-IN_FLIGHT)  # loads the scripts
+        ours, theirs = own_cpu(), process_cpu(server.proc.pid)
+        starts = range(0, requests, IN_FLIGHT)
+        for first in starts:
+            await wave(first)
+        ours, theirs = own_cpu() - ours, process_cpu(server.proc.pid) - theirs
+        await index.close()
+    done = len(starts) * IN_FLIGHT
+    return 1e3 * ours / done, 1e3 * theirs / done
+
+
+def main(requests: int) -> None:
+    start = time.perf_counter()
+    server, client = grpc_floor(requests)
+    ours, redis = asyncio.run(index_floor(requests))
+    total = server + client + ours + redis
+    print(f"{requests} requests, {IN_FLIGHT} in flight, CPU ms a request ({time.perf_counter() - start:.0f} s):")
+    print(f"  gRPC server {server:.3f}, client {client:.3f}; index client {ours:.3f}, redis-server {redis:.3f}")
+    print(f"  together {total:.3f}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)

@@ -1,0 +1,28 @@
+"""scripts/serving_floor.py, which the README cites for the least CPU a served request costs beyond its forwards: the
+parts it times are real (a grpc.aio server in a process of its own, the orchestrator's writer on a redis-server), and
+each is counted in the process that spends it."""
+
+import re
+import sys
+
+import pytest
+
+from tests.readme import ROOT, run_script
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import serving_floor  # noqa: E402
+
+
+def test_the_grpc_floor_counts_the_server_process_and_this_client():
+    server, client = serving_floor.grpc_floor(64)
+    assert 0.01 < server < 20 and 0.01 < client < 20  # ms a request: a stream each, 16 at a time
+
+
+def test_it_reports_each_part_and_their_sum():
+    out = run_script("scripts/serving_floor.py", "64")
+    assert out.startswith("64 requests, 16 in flight, CPU ms a request")
+    parts = dict(re.findall(r"(gRPC server|client|index client|redis-server) ([\d.]+)", out))
+    assert set(parts) == {"gRPC server", "client", "index client", "redis-server"}
+    assert all(float(v) > 0 for v in parts.values())
+    [total] = re.findall(r"together ([\d.]+)", out)
+    assert float(total) == pytest.approx(sum(map(float, parts.values())), abs=0.005)
