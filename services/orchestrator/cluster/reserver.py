@@ -1,12 +1,14 @@
 """Reservations in the cache index, the one KV ledger of every orchestrator, made from one asyncio task so that no
 step waits on Redis.
 
-A request that joins an engine's queue joins this one too; the task reserves for its head, in FIFO order, with one
-atomic call (`CacheIndex.place`): prompt + max_new_tokens on one replica of each KV-holding deployment, the live one
-with the most free budget as the index counts it (every orchestrator's requests), all or nothing. Once placed, the
-request is handed to the admission, which the scheduler asks at its next step. When no replica has room the head
-waits, and the requests behind it with it, until a request that ended here gave its tokens back in the index, or
-after a short poll (a request that ended on another orchestrator). When the index cannot be reached every waiting
+A request that joins an engine's queue joins this one too; the task reserves for the queue from its head, in FIFO
+order, each request with one atomic `CacheIndex.place` and the queue's requests in one round trip (`CacheIndex.batch`:
+at c=16 a step's newcomers, rather than a round trip each): prompt + max_new_tokens on one replica of each KV-holding
+deployment, the live one with the most free budget as the index counts it (every orchestrator's requests), all or
+nothing. Once placed, a request is handed to the admission, which the scheduler asks at its next step. When no replica
+has room for one, what those behind it got goes back and they wait with it, until a request that ended here gave its
+tokens back in the index, or after a short poll (a request that ended on another orchestrator), the head alone tried
+until it is placed. When the index cannot be reached every waiting
 request is refused (Unavailable: clients retry), as the writer (index_writer.py) refuses new requests until the index
 is back.
 """
@@ -15,12 +17,14 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from services.common.placement import Placement
 from services.orchestrator.engine.scheduler import EngineRequest, Unavailable
-from services.serving.cache_index import CacheIndex, IndexUnavailable
+from services.serving.cache_index import CacheIndex, IndexUnavailable, Op
 
 POLL_S = 0.05  # between tries while no replica has room (another orchestrator may free some)
+BATCH = 64  # reservations sent in one round trip
 
 
 @dataclass(eq=False, slots=True)
@@ -46,6 +50,7 @@ class Reserver:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.stopping = False
+        self.blocked = False  # the head got no room at the last try: try it alone
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())
@@ -89,7 +94,7 @@ class Reserver:
     async def run(self) -> None:
         while not self.stopping:
             self.wake.clear()
-            if self.queue and await self.reserve_head():
+            if self.queue and await self.reserve():
                 continue
             try:  # not wait_for: on 3.11 it swallows a cancel that comes as the event is set
                 async with asyncio.timeout(POLL_S if self.queue else None):
@@ -97,25 +102,42 @@ class Reserver:
             except TimeoutError:
                 pass
 
-    async def reserve_head(self) -> bool:
-        """Place the head of the queue; False: no room, or the index is down."""
-        pending = self.queue[0]
-        if pending.withdrawn:
-            self.queue.popleft()
-            return True
-        er, groups = pending.er, self.candidates(pending.holders)
-        if not all(groups):
-            return False  # a deployment has no live replica (Serve is starting one)
+    async def reserve(self) -> bool:
+        """Place the head of the queue and up to BATCH - 1 requests behind it in one round trip, each place atomic,
+        in queue order; False when nothing moved (the head has no room or no live replica, or the index is down)."""
+        withdrawn = [pending for pending in self.queue if pending.withdrawn]
+        for pending in withdrawn:
+            self.queue.remove(pending)
+        heads: list[tuple[Pending, list[list[str]]]] = []
+        for pending in islice(self.queue, 1 if self.blocked else BATCH):
+            groups = self.candidates(pending.holders)
+            if not all(groups):
+                break  # a deployment has no live replica (Serve is starting one)
+            heads.append((pending, groups))
+        if not heads:
+            return bool(withdrawn)
+        places = [Op("place", (p.er.req.id, g, p.er.tokens, self.placement.budget)) for p, g in heads]
         try:
-            chosen = await self.index.place(er.req.id, groups, er.tokens, self.placement.budget)
-            if chosen is not None and pending.withdrawn:
-                await self.index.release(er.req.id)
-        except IndexUnavailable as e:  # a withdrawn request's reservation expires with the index's default TTL
+            try:
+                chosen = await self.index.batch(places)
+            except IndexUnavailable:  # once more: a batch fails once on an index that restarted (a place is idempotent)
+                chosen = await self.index.batch(places)
+            if errors := [c for c in chosen if isinstance(c, Exception)]:
+                raise errors[0]
+            room = next((i for i, replicas in enumerate(chosen) if replicas is None), len(chosen))
+            back = [
+                pending.er.req.id
+                for i, ((pending, _), replicas) in enumerate(zip(heads, chosen, strict=True))
+                if replicas is not None and (i >= room or pending.withdrawn)  # withdrawn while the batch was out
+            ]
+            if back:  # a withdrawn request's reservation expires with the index's default TTL if this fails
+                await self.index.batch([Op("release", (rid,)) for rid in back])
+        except IndexUnavailable as e:
             self.refuse(Unavailable(str(e)))
             return False
-        if chosen is None:
-            return False
-        self.queue.popleft()
-        if not pending.withdrawn:
-            self.placed(er, dict(zip(self.placement.deployments, chosen, strict=True)))
-        return True
+        self.blocked = room == 0
+        for (pending, _), replicas in zip(heads[:room], chosen[:room], strict=True):
+            self.queue.remove(pending)
+            if not pending.withdrawn:
+                self.placed(pending.er, dict(zip(self.placement.deployments, replicas, strict=True)))
+        return bool(room or withdrawn)
