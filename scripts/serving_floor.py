@@ -5,7 +5,9 @@ orchestrator does. Each part runs alone, at 16 requests in flight, with nothing 
   called as `dlm bench --target` calls (a sync channel, a thread per stream): the server's CPU and the client's;
 - the cache index: what a request writes at the least, through the orchestrator's own writer (its reservation, its
   record, a commit for each of 2 rounds, its release; batched 16 requests at a time as the writer batches them): this
-  process's CPU (redis-py) and redis-server's.
+  process's CPU (redis-py) and redis-server's;
+- and one stream at a time, the bare server's way in and out: the time a call spends outside the server's handler,
+  before it starts and after its last message, as `dlm bench --breakdown` counts a request's `way in and out`.
 
 Against in process, a served token may cost at most (1 / ratio - 1) times the in-process CPU a token more for served
 tok/s to reach `ratio` of in process, with the cores busy in both (`scripts/cpu_per_token.py` measures both).
@@ -14,10 +16,13 @@ tok/s to reach `ratio` of in process, with the cores busy in both (`scripts/cpu_
 import asyncio
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import grpc
 
@@ -31,13 +36,14 @@ from services.serving.redis_process import redis_process
 IN_FLIGHT = 16
 TICKS = os.sysconf("SC_CLK_TCK")
 SERVER = """
-import asyncio, sys, grpc
+import asyncio, sys, time, grpc
 async def generate(request, context):
+    start = time.monotonic()
     await context.send_initial_metadata((("dlm-request-id", "r" * 32),))
     for _ in range(2):
         await asyncio.sleep(0.01)  # a round
         yield b"c" * 60
-    yield b"k" * 160
+    yield b"%.6f %.6f " % (start, time.monotonic()) + b"k" * 130  # when it started and ended, CLOCK_MONOTONIC
 async def main():
     server = grpc.aio.server()
     method = grpc.unary_stream_rpc_method_handler(generate)
@@ -47,6 +53,26 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
+
+
+@contextmanager
+def floor_server() -> Iterator[tuple[int, Callable[[], bytes]]]:
+    """The bare server in a process of its own -> its pid, and a call of a stream as the bench's client calls it (it
+    waits for the headers too, reconnect.holds) that returns its last message."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{int(server.stdout.readline())}") as channel:
+            stream = channel.unary_stream("/floor.S/G")
+
+            def call() -> bytes:
+                messages = stream(b"p" * 120)
+                messages.initial_metadata()
+                return list(messages)[-1]
+
+            yield server.pid, call
+    finally:
+        server.kill()
+        server.wait()
 
 
 def process_cpu(pid: int) -> float:
@@ -63,26 +89,24 @@ def own_cpu() -> float:
 
 def grpc_floor(requests: int) -> tuple[float, float]:
     """-> (server, client) CPU ms a request."""
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(server.stdout.readline())
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, ThreadPoolExecutor(IN_FLIGHT) as pool:
-            call = channel.unary_stream("/floor.S/G")
-
-            def one(_: int) -> None:
-                stream = call(b"p" * 120)
-                stream.initial_metadata()  # the bench's client waits for the headers too (reconnect.holds)
-                for _message in stream:
-                    pass
-
-            list(pool.map(one, range(4 * IN_FLIGHT)))  # warm up
-            server_cpu, client_cpu = process_cpu(server.pid), own_cpu()
-            list(pool.map(one, range(requests)))
-            server_cpu, client_cpu = process_cpu(server.pid) - server_cpu, own_cpu() - client_cpu
-    finally:
-        server.kill()
-        server.wait()
+    with floor_server() as (pid, call), ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(lambda _: call(), range(4 * IN_FLIGHT)))  # warm up
+        server_cpu, client_cpu = process_cpu(pid), own_cpu()
+        list(pool.map(lambda _: call(), range(requests)))
+        server_cpu, client_cpu = process_cpu(pid) - server_cpu, own_cpu() - client_cpu
     return 1e3 * server_cpu / requests, 1e3 * client_cpu / requests
+
+
+def grpc_way(calls: int) -> float:
+    """One stream at a time: the median ms of a call outside the server's handler, before it started and after its
+    last message (what `dlm bench --breakdown` counts as a request's way in and out)."""
+    outside = []
+    with floor_server() as (_, call):
+        for _ in range(calls + 20):  # the first 20 warm up
+            sent = time.monotonic()
+            started, ended = map(float, call().split()[:2])
+            outside.append(started - sent + time.monotonic() - ended)
+    return 1e3 * statistics.median(outside[20:])
 
 
 async def index_floor(requests: int) -> tuple[float, float]:
@@ -131,6 +155,7 @@ def main(requests: int) -> None:
     print(f"{requests} requests, {IN_FLIGHT} in flight, CPU ms a request ({time.perf_counter() - start:.0f} s):")
     print(f"  gRPC server {server:.3f}, client {client:.3f}; index client {ours:.3f}, redis-server {redis:.3f}")
     print(f"  together {total:.3f}")
+    print(f"one at a time, a stream's way in and out: {grpc_way(min(requests, 300)):.3f} ms (median)")
 
 
 if __name__ == "__main__":

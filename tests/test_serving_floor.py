@@ -26,3 +26,9 @@ def test_it_reports_each_part_and_their_sum():
     assert all(float(v) > 0 for v in parts.values())
     [total] = re.findall(r"together ([\d.]+)", out)
     assert float(total) == pytest.approx(sum(map(float, parts.values())), abs=0.005)
+    [way] = re.findall(r"one at a time, a stream's way in and out: ([\d.]+) ms \(median\)", out)
+    assert 0 < float(way) < 20  # outside 20 ms of rounds
+
+
+def test_the_way_in_and_out_leaves_out_the_handler():
+    assert serving_floor.grpc_way(10) < 10  # not its 20 ms of rounds
