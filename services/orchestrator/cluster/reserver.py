@@ -8,9 +8,8 @@ deployment, the live one with the most free budget as the index counts it (every
 nothing. Once placed, a request is handed to the admission, which the scheduler asks at its next step. When no replica
 has room for one, what those behind it got goes back and they wait with it, until a request that ended here gave its
 tokens back in the index, or after a short poll (a request that ended on another orchestrator), the head alone tried
-until it is placed. When the index cannot be reached every waiting
-request is refused (Unavailable: clients retry), as the writer (index_writer.py) refuses new requests until the index
-is back.
+until it is placed. When the index cannot be reached every waiting request is refused (Unavailable: clients retry), as
+the writer (index_writer.py) refuses new requests until the index is back.
 """
 
 import asyncio
