@@ -28,21 +28,27 @@ TICKS = os.sysconf("SC_CLK_TCK")
 KWARGS = {"strategy": "pipeline", "max_new_tokens": 48}
 
 
+def stat_cpu(path: str) -> float:
+    """CPU seconds so far of the process or thread whose /proc stat file this is (OSError once it ended)."""
+    with open(path) as f:
+        stat = f.read()
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3, utime 14, stime 15
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def processes() -> dict[int, tuple[float, str]]:
     """pid -> (CPU seconds so far, its name: the Ray actor's, else the executable's)."""
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
+            seconds = stat_cpu(f"/proc/{pid}/stat")
             with open(f"/proc/{pid}/cmdline") as f:
                 cmd = f.read().replace("\0", " ")
         except OSError:  # it ended meanwhile
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3, utime 14, stime 15
         actor = re.search(r"ray::([\w:]+)", cmd)
         name = "this client" if int(pid) == os.getpid() else actor[1] if actor else os.path.basename(cmd.split(" ")[0])
-        out[int(pid)] = ((int(fields[11]) + int(fields[12])) / TICKS, name or "?")
+        out[int(pid)] = (seconds, name or "?")
     return out
 
 
@@ -66,12 +72,9 @@ def threads() -> dict[int, float]:
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
+            out[int(tid)] = stat_cpu(f"/proc/self/task/{tid}/stat")
         except OSError:  # it ended meanwhile
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
     return out
 
 

@@ -14,7 +14,6 @@ tok/s to reach `ratio` of in process, with the cores busy in both (`scripts/cpu_
 `PYTHONPATH=. python scripts/serving_floor.py [REQUESTS]`"""
 
 import asyncio
-import os
 import resource
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import grpc
+from cpu_per_token import stat_cpu  # this script's folder is on sys.path
 
 from services.common.request import Request
 from services.orchestrator.cluster.admission import Record, snapshot, whole
@@ -34,7 +34,6 @@ from services.serving.redis_index import RedisCacheIndex
 from services.serving.redis_process import redis_process
 
 IN_FLIGHT = 16
-TICKS = os.sysconf("SC_CLK_TCK")
 SERVER = """
 import asyncio, sys, time, grpc
 async def generate(request, context):
@@ -75,13 +74,6 @@ def floor_server() -> Iterator[tuple[int, Callable[[], bytes]]]:
         server.wait()
 
 
-def process_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -91,9 +83,9 @@ def grpc_floor(requests: int) -> tuple[float, float]:
     """-> (server, client) CPU ms a request."""
     with floor_server() as (pid, call), ThreadPoolExecutor(IN_FLIGHT) as pool:
         list(pool.map(lambda _: call(), range(4 * IN_FLIGHT)))  # warm up
-        server_cpu, client_cpu = process_cpu(pid), own_cpu()
+        server_cpu, client_cpu = stat_cpu(f"/proc/{pid}/stat"), own_cpu()
         list(pool.map(lambda _: call(), range(requests)))
-        server_cpu, client_cpu = process_cpu(pid) - server_cpu, own_cpu() - client_cpu
+        server_cpu, client_cpu = stat_cpu(f"/proc/{pid}/stat") - server_cpu, own_cpu() - client_cpu
     return 1e3 * server_cpu / requests, 1e3 * client_cpu / requests
 
 
@@ -137,11 +129,11 @@ async def index_floor(requests: int) -> tuple[float, float]:
             await writer.flush()
 
         await wave(-IN_FLIGHT)  # loads the scripts
-        ours, theirs = own_cpu(), process_cpu(server.proc.pid)
+        ours, theirs = own_cpu(), stat_cpu(f"/proc/{server.proc.pid}/stat")
         starts = range(0, requests, IN_FLIGHT)
         for first in starts:
             await wave(first)
-        ours, theirs = own_cpu() - ours, process_cpu(server.proc.pid) - theirs
+        ours, theirs = own_cpu() - ours, stat_cpu(f"/proc/{server.proc.pid}/stat") - theirs
         await index.close()
     done = len(starts) * IN_FLIGHT
     return 1e3 * ours / done, 1e3 * theirs / done

@@ -104,9 +104,9 @@ class Reserver:
     async def reserve(self) -> bool:
         """Place the head of the queue and up to BATCH - 1 requests behind it in one round trip, each place atomic,
         in queue order; False when nothing moved (the head has no room or no live replica, or the index is down)."""
-        withdrawn = [pending for pending in self.queue if pending.withdrawn]
-        for pending in withdrawn:
-            self.queue.remove(pending)
+        before = len(self.queue)
+        self.queue = deque(pending for pending in self.queue if not pending.withdrawn)
+        withdrawn = len(self.queue) < before
         heads: list[tuple[Pending, list[list[str]]]] = []
         for pending in islice(self.queue, 1 if self.blocked else BATCH):
             groups = self.candidates(pending.holders)
@@ -114,7 +114,7 @@ class Reserver:
                 break  # a deployment has no live replica (Serve is starting one)
             heads.append((pending, groups))
         if not heads:
-            return bool(withdrawn)
+            return withdrawn
         places = [Op("place", (p.er.req.id, g, p.er.tokens, self.placement.budget)) for p, g in heads]
         try:
             try:

@@ -121,3 +121,18 @@ async def test_it_reserves_on_an_index_that_restarted(index):
         await until(lambda: placed == ["r0"])
     finally:
         await res.stop()
+
+
+async def test_a_withdrawn_request_without_room_holds_none_back(index):
+    res, placed = reserver(index, budget=100)
+    await index.place("other", [["d0"], ["g0"]], 50, 100)
+    big = waiting("big", 80)
+    res.add(big)
+    res.add(waiting("small", 20))
+    res.withdraw(big)  # it ended while it waited: it is dropped, not tried
+    res.start()
+    try:
+        await until(lambda: placed == ["small"])
+    finally:
+        await res.stop()
+    assert await index.holdings("d0") == {"other": 50, "small": 20}
