@@ -1,0 +1,164 @@
+"""The fastest c=1 round that any split of the models over processes reaches on this machine: the least a served round
+costs, whatever its orchestrator, transport and Ray do. It replays one mid-decode `pipeline` round's calls (the
+drafter's propose, then the guider's verify, captured as scripts/device/replica_forward.py captures them) on the
+hosts themselves, with nothing between them but a pipe and a byte:
+
+- in process: both hosts in this process, on one team of THREADS torch threads (the in-process engine's forwards);
+- split: each host in a process of its own, as each model replica holds its model, with 1 thread (the replicas'
+  `serving.replica_threads`), and with THREADS threads each, their OpenMP teams sleeping between ops
+  (`OMP_WAIT_POLICY=PASSIVE`, the replicas' environment) or spinning a while first (`GOMP_SPINCOUNT`).
+
+A round is the drafter's call, then the guider's: each process idles while the other computes, as at served c=1.
+The arguments cross to each process once, before the rounds, so a split round pays only its forwards and a wake-up
+per call. Served c=1 tok/s is then at most the in-process round over the best split's times the in-process tok/s:
+a served round adds its orchestrator and its hops, and a request its way in and out, on top of the split's forwards.
+`PYTHONPATH=. python scripts/split_floor.py [ROUNDS] [THREADS]`"""
+
+import multiprocessing
+import os
+import pickle
+import statistics
+import struct
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
+from multiprocessing.connection import Connection
+
+from services.common.compute import timed_call
+from services.common.config import EngineConfig
+from services.common.contract import ROLES, Args, Groups
+from services.common.threads import DEFAULT_THREADS, intra_op_threads
+from services.orchestrator.engine.hosts import Host, HostPool
+from services.orchestrator.engine.local_executor import LocalExecutor
+
+CONFIG = "configs/dlm.yaml"
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
+SPINNING = {"GOMP_SPINCOUNT": "30000"}  # about a c=1 round's turns: the team spins through an op's gaps, then sleeps
+
+
+def captured_round(threads: int) -> tuple[LocalExecutor, Groups]:
+    """The in-process engine's executor, its forwards on `threads`, and the drafter's and the guider's calls of a c=1
+    request's second round, decoded there."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "device"))
+    from replica_forward import one_round
+
+    from services.orchestrator.engine.engine import Engine
+
+    engine = Engine(replace(EngineConfig.from_yaml(CONFIG), threads=threads))
+    return engine.executor, one_round(engine)
+
+
+def host_process(conn: Connection, key: tuple[str, str], threads: int) -> None:
+    """One host in this process: its call, then the call again at each byte that comes; each reply its compute."""
+    import services.serving.pickling  # noqa: F401  the calls' compact pickling, as a replica has it
+
+    intra_op_threads(threads)
+    role, method = key
+    name = ROLES[role].host
+    host = HostPool(EngineConfig.from_yaml(CONFIG)).host(name)
+    args = pickle.loads(conn.recv_bytes())
+    computed(host, name, method, args)  # the first call rebuilds the request's KV
+    conn.send_bytes(b"ready")
+    while conn.recv_bytes():
+        conn.send_bytes(struct.pack("d", computed(host, name, method, args)))
+
+
+def computed(host: Host, name: str, method: str, args: list[Args]) -> float:
+    """The call, as a host runs it; -> its compute in seconds, as the host timed it."""
+    compute = timed_call(host, name, method, args)[0].compute
+    return compute.end - compute.start
+
+
+def timed_rounds(calls: list[Callable[[], float]], rounds: int) -> tuple[float, ...]:
+    """calls: each returns its host's compute in seconds. -> median ms of a round (the calls one after another), then
+    of each call's compute."""
+    totals, computes = [], [[] for _ in calls]
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for call, compute in zip(calls, computes, strict=True):
+            compute.append(call())
+        totals.append(time.perf_counter() - start)
+    return ms(totals), *(ms(compute) for compute in computes)
+
+
+@contextmanager
+def environment(env: dict[str, str]):
+    """os.environ with env, for the processes started inside: libgomp reads its settings when it loads."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+
+
+def split(round_calls: Groups, rounds: int, threads: int, env: dict[str, str]) -> tuple[float, ...]:
+    """-> median ms of a round, and of each host's compute in it, with each host in a process of its own."""
+    import services.serving.pickling  # noqa: F401
+
+    spawn = multiprocessing.get_context("spawn")
+    ends, processes = [], []
+    with environment(env):
+        for key, args in round_calls.items():
+            here, there = spawn.Pipe()
+            process = spawn.Process(target=host_process, args=(there, key, threads), daemon=True)
+            process.start()
+            here.send_bytes(pickle.dumps(args))
+            ends.append(here)
+            processes.append(process)
+    for end in ends:
+        assert end.recv_bytes() == b"ready"
+    times = timed_rounds([partial(wake, end) for end in ends], rounds)
+    for end, process in zip(ends, processes, strict=True):
+        end.send_bytes(b"")
+        process.join()
+    return times
+
+
+def wake(end: Connection) -> float:
+    end.send_bytes(b"go")
+    return struct.unpack("d", end.recv_bytes())[0]
+
+
+def in_process(executor: LocalExecutor, round_calls: Groups, rounds: int) -> tuple[float, ...]:
+    """-> the same medians with both hosts in this process, on the engine's forwards' thread and its team."""
+    calls = [
+        partial(computed, executor.host(ROLES[role].host), ROLES[role].host, method, args)
+        for (role, method), args in round_calls.items()
+    ]
+    return executor.call_on_worker(timed_rounds, calls, rounds)
+
+
+def ms(values: list[float]) -> float:
+    return 1000 * statistics.median(values)
+
+
+def main(rounds: int, threads: int) -> None:
+    executor, round_calls = captured_round(threads)
+    forms = [
+        (f"in process, {threads} threads", lambda: in_process(executor, round_calls, rounds)),
+        ("split, 1 thread each", lambda: split(round_calls, rounds, 1, PASSIVE)),
+        (f"split, {threads} each, passive", lambda: split(round_calls, rounds, threads, PASSIVE)),
+        (f"split, {threads} each, spinning", lambda: split(round_calls, rounds, threads, SPINNING)),
+        (f"in process, {threads} threads", lambda: in_process(executor, round_calls, rounds)),
+    ]
+    print(f"{'c=1 round, ms (median of ' + str(rounds) + ')':34s} {'round':>7s} {'drafter':>7s} {'guider':>7s}")
+    results = {}
+    for name, measure in forms:
+        results.setdefault(name, []).append(measure())
+        print(f"{name:34s} " + " ".join(f"{value:7.2f}" for value in results[name][-1]))
+    inside = max(round_ms for round_ms, _, _ in results[forms[0][0]])  # the slower: an upper bound
+    best = min(values[0][0] for name, values in results.items() if name.startswith("split"))
+    print(f"best split {best:.2f} ms against {inside:.2f} in process: served c=1 at most {inside / best:.2f}x")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(int(args[0]) if args else 200, int(args[1]) if len(args) > 1 else DEFAULT_THREADS)
