@@ -1,17 +1,19 @@
 """The fastest c=1 round that any split of the models over processes reaches on this machine: the least a served round
 costs, whatever its orchestrator, transport and Ray do. It replays one mid-decode `pipeline` round's calls (the
-drafter's propose, then the guider's verify, captured as scripts/device/replica_forward.py captures them) on the
-hosts themselves, with nothing between them but a pipe and a byte:
+drafter's propose, then the guider's verify and the filter's accept_probs at once, as a served step sends them;
+captured as scripts/device/replica_forward.py captures them) on the hosts themselves, with nothing between them but
+a pipe and a byte:
 
-- in process: both hosts in this process, on one team of THREADS torch threads (the in-process engine's forwards);
+- in process: every host in this process, on one team of THREADS torch threads, its calls one after another (the
+  in-process engine's forwards);
 - split: each host in a process of its own, as each model replica holds its model, with 1 thread (the replicas'
   `serving.replica_threads`), and with THREADS threads each, their OpenMP teams sleeping between ops
   (`OMP_WAIT_POLICY=PASSIVE`, the replicas' environment) or spinning a while first (`GOMP_SPINCOUNT`).
 
-A round is the drafter's call, then the guider's: each process idles while the other computes, as at served c=1.
-The arguments cross to each process once, before the rounds, so a split round pays only its forwards and a wake-up
-per call. Served c=1 tok/s is then at most the in-process round over the best split's times the in-process tok/s:
-a served round adds its orchestrator and its hops, and a request its way in and out, on top of the split's forwards.
+Split, each process idles while the others compute, as at served c=1. The arguments cross to each process once,
+before the rounds, so a split round pays only its forwards and a wake-up per call. Served c=1 tok/s is then at most
+the in-process round over the best split's times the in-process tok/s: a served round adds its orchestrator and its
+hops, and a request its way in and out, on top of the split's forwards.
 `PYTHONPATH=. python scripts/split_floor.py [ROUNDS] [THREADS]`"""
 
 import multiprocessing
@@ -36,19 +38,23 @@ from services.orchestrator.engine.local_executor import LocalExecutor
 
 CONFIG = "configs/dlm.yaml"
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
-SPINNING = {"GOMP_SPINCOUNT": "30000"}  # about a c=1 round's turns: the team spins through an op's gaps, then sleeps
+SPINNING = {"GOMP_SPINCOUNT": "30000"}  # the team spins through the gaps between ops, then sleeps between calls
+PHASES = (("drafter",), ("guider", "filter"))  # a served pipeline round's: the calls of a phase go out at once
+
+Started = Callable[[], float]  # waits for a call it started; -> the host's compute in seconds
+Call = Callable[[], Started]  # starts a call
 
 
 def captured_round(threads: int) -> tuple[LocalExecutor, Groups]:
-    """The in-process engine's executor, its forwards on `threads`, and the drafter's and the guider's calls of a c=1
-    request's second round, decoded there."""
+    """The in-process engine's executor, its forwards on `threads`, and the calls of a c=1 request's second round,
+    decoded there."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "device"))
     from replica_forward import one_round
 
     from services.orchestrator.engine.engine import Engine
 
     engine = Engine(replace(EngineConfig.from_yaml(CONFIG), threads=threads))
-    return engine.executor, one_round(engine)
+    return engine.executor, one_round(engine, tuple(role for phase in PHASES for role in phase))
 
 
 def host_process(conn: Connection, key: tuple[str, str], threads: int) -> None:
@@ -72,15 +78,17 @@ def computed(host: Host, name: str, method: str, args: list[Args]) -> float:
     return compute.end - compute.start
 
 
-def timed_rounds(calls: list[Callable[[], float]], rounds: int) -> tuple[float, ...]:
-    """calls: each returns its host's compute in seconds. -> median ms of a round (the calls one after another), then
-    of each call's compute."""
-    totals, computes = [], [[] for _ in calls]
+def timed_rounds(phases: list[list[Call]], rounds: int) -> tuple[float, ...]:
+    """-> median ms of a round (its phases one after another, each phase's calls at once), then of each call's
+    compute, in order."""
+    totals, computes = [], [[] for phase in phases for _ in phase]
     for _ in range(rounds):
-        start = time.perf_counter()
-        for call, compute in zip(calls, computes, strict=True):
-            compute.append(call())
+        start, done = time.perf_counter(), []
+        for phase in phases:
+            done.extend(started() for started in [call() for call in phase])
         totals.append(time.perf_counter() - start)
+        for compute, value in zip(computes, done, strict=True):
+            compute.append(value)
     return ms(totals), *(ms(compute) for compute in computes)
 
 
@@ -104,36 +112,50 @@ def split(round_calls: Groups, rounds: int, threads: int, env: dict[str, str]) -
     import services.serving.pickling  # noqa: F401
 
     spawn = multiprocessing.get_context("spawn")
-    ends, processes = [], []
+    ends, processes = {}, []
     with environment(env):
         for key, args in round_calls.items():
             here, there = spawn.Pipe()
             process = spawn.Process(target=host_process, args=(there, key, threads), daemon=True)
             process.start()
             here.send_bytes(pickle.dumps(args))
-            ends.append(here)
+            ends[key] = here
             processes.append(process)
-    for end in ends:
+    for end in ends.values():
         assert end.recv_bytes() == b"ready"
-    times = timed_rounds([partial(wake, end) for end in ends], rounds)
-    for end, process in zip(ends, processes, strict=True):
+    times = timed_rounds([[partial(wake, ends[key]) for key in phase] for phase in phases(round_calls)], rounds)
+    for end, process in zip(ends.values(), processes, strict=True):
         end.send_bytes(b"")
         process.join()
     return times
 
 
-def wake(end: Connection) -> float:
+def wake(end: Connection) -> Started:
     end.send_bytes(b"go")
-    return struct.unpack("d", end.recv_bytes())[0]
+    return lambda: struct.unpack("d", end.recv_bytes())[0]
+
+
+def phases(round_calls: Groups) -> list[list[tuple[str, str]]]:
+    """The round's call keys, by phase."""
+    return [[key for key in round_calls if key[0] in roles] for roles in PHASES]
 
 
 def in_process(executor: LocalExecutor, round_calls: Groups, rounds: int) -> tuple[float, ...]:
-    """-> the same medians with both hosts in this process, on the engine's forwards' thread and its team."""
-    calls = [
-        partial(computed, executor.host(ROLES[role].host), ROLES[role].host, method, args)
-        for (role, method), args in round_calls.items()
-    ]
-    return executor.call_on_worker(timed_rounds, calls, rounds)
+    """-> the same medians with every host in this process, on the engine's forwards' thread and its team."""
+
+    def call(key: tuple[str, str]) -> Call:
+        role, method = key
+        name = ROLES[role].host
+
+        def start() -> Started:  # the host runs the call here and now, as the in-process executor runs it
+            compute = computed(executor.host(name), name, method, round_calls[key])
+            return lambda: compute
+
+        return start
+
+    return executor.call_on_worker(
+        timed_rounds, [[call(key) for key in phase] for phase in phases(round_calls)], rounds
+    )
 
 
 def ms(values: list[float]) -> float:
@@ -149,12 +171,13 @@ def main(rounds: int, threads: int) -> None:
         (f"split, {threads} each, spinning", lambda: split(round_calls, rounds, threads, SPINNING)),
         (f"in process, {threads} threads", lambda: in_process(executor, round_calls, rounds)),
     ]
-    print(f"{'c=1 round, ms (median of ' + str(rounds) + ')':34s} {'round':>7s} {'drafter':>7s} {'guider':>7s}")
+    roles = [role for phase in phases(round_calls) for role, _ in phase]
+    print(f"{'c=1 round, ms (median of ' + str(rounds) + ')':34s} {'round':>7s} " + " ".join(f"{r:>7s}" for r in roles))
     results = {}
     for name, measure in forms:
         results.setdefault(name, []).append(measure())
         print(f"{name:34s} " + " ".join(f"{value:7.2f}" for value in results[name][-1]))
-    inside = max(round_ms for round_ms, _, _ in results[forms[0][0]])  # the slower: an upper bound
+    inside = max(values[0] for values in results[forms[0][0]])  # the slower: an upper bound
     best = min(values[0][0] for name, values in results.items() if name.startswith("split"))
     print(f"best split {best:.2f} ms against {inside:.2f} in process: served c=1 at most {inside / best:.2f}x")
 

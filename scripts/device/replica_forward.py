@@ -29,8 +29,9 @@ from services.serving.direct import DirectHandle  # also registers the compact p
 Call = Callable[[], Awaitable[list[Reply]]]
 
 
-def one_round(engine: Engine) -> Groups:
-    """The model calls of the second round (propose, then verify with the filter) of a c=1 request, decoded here."""
+def one_round(engine: Engine, roles: tuple[str, ...] = ("drafter", "guider")) -> Groups:
+    """The model calls of these roles in the second round (propose, then verify with the filter) of a c=1 request,
+    decoded here."""
     phases: list[Groups] = []
     run = engine.executor.run
 
@@ -43,7 +44,7 @@ def one_round(engine: Engine) -> Groups:
     engine.executor.run = run
     if len(phases) < 4:
         raise SystemExit(f"the request ended in {len(phases)} phases; this needs a second round")
-    return {key: args for phase in phases[2:4] for key, args in phase.items() if key[0] in ("drafter", "guider")}
+    return {key: args for phase in phases[2:4] for key, args in phase.items() if key[0] in roles}
 
 
 async def timed(call: Call, calls: int, gap_s: float) -> tuple[list[float], list[float]]:
