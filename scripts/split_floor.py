@@ -24,10 +24,10 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
+from unittest.mock import patch
 
 from services.common.compute import timed_call
 from services.common.config import EngineConfig
@@ -35,6 +35,7 @@ from services.common.contract import ROLES, Args, Groups
 from services.common.threads import DEFAULT_THREADS, intra_op_threads
 from services.orchestrator.engine.hosts import Host, HostPool
 from services.orchestrator.engine.local_executor import LocalExecutor
+from services.serving import pickling  # noqa: F401  the calls' compact pickling, here and in each host's process
 
 CONFIG = "configs/dlm.yaml"
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -59,8 +60,6 @@ def captured_round(threads: int) -> tuple[LocalExecutor, Groups]:
 
 def host_process(conn: Connection, key: tuple[str, str], threads: int) -> None:
     """One host in this process: its call, then the call again at each byte that comes; each reply its compute."""
-    import services.serving.pickling  # noqa: F401  the calls' compact pickling, as a replica has it
-
     intra_op_threads(threads)
     role, method = key
     name = ROLES[role].host
@@ -92,28 +91,12 @@ def timed_rounds(phases: list[list[Call]], rounds: int) -> tuple[float, ...]:
     return ms(totals), *(ms(compute) for compute in computes)
 
 
-@contextmanager
-def environment(env: dict[str, str]):
-    """os.environ with env, for the processes started inside: libgomp reads its settings when it loads."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
-
-
 def split(round_calls: Groups, rounds: int, threads: int, env: dict[str, str]) -> tuple[float, ...]:
-    """-> median ms of a round, and of each host's compute in it, with each host in a process of its own."""
-    import services.serving.pickling  # noqa: F401
-
+    """-> median ms of a round, and of each host's compute in it, with each host in a process of its own. env: for
+    the processes started, as libgomp reads its settings when it loads."""
     spawn = multiprocessing.get_context("spawn")
     ends, processes = {}, []
-    with environment(env):
+    with patch.dict(os.environ, env):
         for key, args in round_calls.items():
             here, there = spawn.Pipe()
             process = spawn.Process(target=host_process, args=(there, key, threads), daemon=True)
@@ -173,12 +156,12 @@ def main(rounds: int, threads: int) -> None:
     ]
     roles = [role for phase in phases(round_calls) for role, _ in phase]
     print(f"{'c=1 round, ms (median of ' + str(rounds) + ')':34s} {'round':>7s} " + " ".join(f"{r:>7s}" for r in roles))
-    results = {}
+    rows = []
     for name, measure in forms:
-        results.setdefault(name, []).append(measure())
-        print(f"{name:34s} " + " ".join(f"{value:7.2f}" for value in results[name][-1]))
-    inside = max(values[0] for values in results[forms[0][0]])  # the slower: an upper bound
-    best = min(values[0][0] for name, values in results.items() if name.startswith("split"))
+        rows.append((name, measure()))
+        print(f"{name:34s} " + " ".join(f"{value:7.2f}" for value in rows[-1][1]))
+    inside = max(times[0] for name, times in rows if name.startswith("in process"))  # the slower: an upper bound
+    best = min(times[0] for name, times in rows if name.startswith("split"))
     print(f"best split {best:.2f} ms against {inside:.2f} in process: served c=1 at most {inside / best:.2f}x")
 
 
