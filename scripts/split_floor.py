@@ -13,7 +13,9 @@ a pipe and a byte:
 Split, each process idles while the others compute, as at served c=1. The arguments cross to each process once,
 before the rounds, so a split round pays only its forwards and a wake-up per call. Served c=1 tok/s is then at most
 the in-process round over the best split's times the in-process tok/s: a served round adds its orchestrator and its
-hops, and a request its way in and out, on top of the split's forwards.
+hops, and a request its way in and out, on top of the split's forwards. A served round also computes beside Ray
+Serve's own processes: run this beside an idle `dlm serve` for the split a served round can reach (README, "The floor
+at c=1").
 `PYTHONPATH=. python scripts/split_floor.py [ROUNDS] [THREADS]`"""
 
 import multiprocessing
