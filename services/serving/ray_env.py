@@ -13,12 +13,6 @@ RAY_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     # but not its direct ingress: the OpenAI API stays on Serve's proxy at serving.http_port
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
-    # Serve's controller reconciles, and each replica and handle exports its cached metrics, every second rather than
-    # every 0.1 s: idle, the stack kept 26-37% of a core busy against 38-44 (the controller 1.8-2.0% against 5.7-6.1),
-    # and under load the controller spent under 0.02 CPU ms a token against 0.04. A dead replica's replacement starts
-    # up to a second later; loading its model takes longer than that
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
-    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
 
 
