@@ -5,18 +5,22 @@ runs it on a lent GPU).
 
 Then each level's floor: every linear and attention call its forwards made, replayed alone at its own shapes (best
 of several runs), against the level's unprofiled wall time, and the model FLOP/s (services/common/flops.py) at each:
-what the step would cost, and reach, if it were nothing but its matmuls and attention kernels."""
+what the step would cost, and reach, if it were nothing but its matmuls and attention kernels. On a CPU also the
+same calls timed where they ran, in a third, unprofiled run of the level (its `in place:` line): a kernel in the step
+runs slower than replayed back to back, and the gap is part of where the step goes."""
 
 import collections
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from services.cli.mfu import matmul_flops_per_s, model_shape
 from services.common import flops
 from services.common.config import EngineConfig
 from services.common.params import BENCH_PROMPTS
@@ -82,6 +86,55 @@ def kernel_floor_ms(
     return floor
 
 
+@contextlib.contextmanager
+def timed_kernels() -> Iterator[tuple[dict[str, float], list[tuple[int, int, int]]]]:
+    """While open, every F.linear and SDPA call in the process is timed where it runs: -> (op -> milliseconds, each
+    linear's (rows, out, in)). The forwards look both up in torch.nn.functional at each call, so they meet these."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    linears: list[tuple[int, int, int]] = []
+    originals = {name: getattr(F, name) for name in ("linear", "scaled_dot_product_attention")}
+
+    def timed(name: str, call: Callable) -> Callable:
+        def run(*args, **kwargs):
+            if name == "linear":
+                linears.append((args[0].shape[0], *args[1].shape))
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            spent[f"aten::{name}"] += 1000 * (time.perf_counter() - start)
+            return out
+
+        return run
+
+    for name, call in originals.items():
+        setattr(F, name, timed(name, call))
+    try:
+        yield spent, linears
+    finally:
+        for name, call in originals.items():
+            setattr(F, name, call)
+
+
+def in_place(engine: Engine, concurrency: int, requests: int, model_per_step: float) -> str:
+    """The level run again, its kernels timed where they ran, against the MFU reference on the drafter's shapes
+    (services/cli/mfu.py: its MLP's [tokens per call, H] x [H, I], here on this thread, where the forwards ran)."""
+    with timed_kernels() as (spent, linears):
+        start = time.perf_counter()
+        n = steps(engine, concurrency, requests)
+        step_ms = 1000 * (time.perf_counter() - start) / n
+    linear, attention = (spent[name] / n for name in KERNELS)
+    hidden, intermediate = model_shape(engine.config, "drafter")
+    rows = [m for m, out, width in linears if (out, width) == (2 * intermediate, hidden)]  # the drafter's gate_up
+    tokens = round(sum(rows) / len(rows))
+    reference = matmul_flops_per_s(tokens, hidden, intermediate, engine.config.device, engine.config.dtype) / 1e9
+    model = model_per_step / (linear + attention) / 1e6
+    return (
+        f"in place: the linears {linear:.2f} ms per step, attention {attention:.2f}: {linear + attention:.2f} of "
+        f"{step_ms:.2f} ms ({(linear + attention) / step_ms:.0%}); model at that {model:.1f} GFLOP/s, "
+        f"{model / reference:.0%} of matmul [{tokens}, {hidden}] x [{hidden}, {intermediate}] {reference:.1f} GFLOP/s "
+        f"(the step: {model_per_step / step_ms / 1e6 / reference:.0%})"
+    )
+
+
 def level(engine: Engine, concurrency: int, requests: int, activities: list, sync: Callable[[], None]):
     """The level run unprofiled (its wall time and model FLOPs), then again profiled with the calls' shapes."""
     before = flops.counted()
@@ -125,6 +178,8 @@ def main(config_path: str) -> None:
             f"({alone / wall_ms:.0%}); model {model / wall_ms / 1e6:.1f} GFLOP/s, at the floor "
             f"{model / alone / 1e6:.1f}"
         )
+        if not cuda:  # a launch's host time is not its kernel's
+            print(in_place(engine, concurrency, requests, model / n))
         print(ops.table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=48))
         if cuda:
             print(ops.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=48))
