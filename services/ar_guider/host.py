@@ -5,11 +5,11 @@ import torch
 
 from services.ar_guider.guider import Guider
 from services.common.contract import ARForward, Lookahead, Reply, Verify
-from services.common.kv_manager import KVManager
+from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
 
 
-class GuiderHost:
+class GuiderHost(KVHost):
     def __init__(self, loaded: LoadedModel):
         self.kv = KVManager()
         self.guider = Guider(loaded, self.kv)
@@ -24,13 +24,6 @@ class GuiderHost:
     def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
         ahead = self.guider.lookahead_batch([(c.req, c.start, c.k) for c in calls])
         return [Reply(ids, forwards=forwards) for ids, forwards in ahead]
-
-    def release(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self.kv.free(rid)
-
-    def held(self) -> dict[str, int]:
-        return self.kv.held()
 
     def check_health(self) -> None:
         torch.ones(1, device=self.guider.decoder.device).add_(1)  # the device is usable

@@ -29,3 +29,16 @@ class KVManager:
     def held(self) -> dict[str, int]:
         """Request id -> KV tokens cached for it now."""
         return {rid: cache_len(cache.kv) for rid, cache in self.caches.items()}
+
+
+class KVHost:
+    """A model host whose requests' caches one KVManager holds: the contract's release and held for it."""
+
+    kv: KVManager
+
+    def release(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.kv.free(rid)
+
+    def held(self) -> dict[str, int]:
+        return self.kv.held()

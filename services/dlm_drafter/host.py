@@ -5,7 +5,7 @@ the Serve deployment is a host."""
 import torch
 
 from services.common.contract import DrafterForward, Guessed, Propose, ProposeAfter, ProposeBidirectional, Reply
-from services.common.kv_manager import KVManager
+from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal
 from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter
@@ -13,7 +13,7 @@ from services.dlm_drafter.bidirectional import new_cache as new_block_cache
 from services.dlm_drafter.causal import CausalDrafter
 
 
-class DrafterHost:
+class DrafterHost(KVHost):
     def __init__(self, causal: LoadedModel | None, bidirectional: LoadedModel | None):
         self.kv = KVManager()
         self.causal = CausalDrafter(causal, self.kv) if causal else None
@@ -55,13 +55,6 @@ class DrafterHost:
             Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
             for c, (proposal, tokens) in zip(calls, out, strict=True)
         ]
-
-    def release(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self.kv.free(rid)
-
-    def held(self) -> dict[str, int]:
-        return self.kv.held()
 
     def check_health(self) -> None:
         drafter = self.causal or self.bidirectional
