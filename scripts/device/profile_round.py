@@ -1,7 +1,7 @@
-"""Where an in-process `pipeline` step goes on the config's device: torch.profiler over batches of c=1 and c=16
-requests (48 new tokens each), per step the host's op time, the device's kernel time, the kernel launches and the
-copies and syncs with the host, then the ops' tables. `python profile_round.py CONFIG` (scripts/device/variants.sh
-runs it on a lent GPU).
+"""Where an in-process `pipeline` step goes on the config's device: torch.profiler over c=1 and c=16 (48 new tokens a
+request, kept in flight as `dlm bench --concurrency` keeps them), per step the host's op time, the device's kernel time,
+the kernel launches and the copies and syncs with the host, then the ops' tables. `python profile_round.py CONFIG`
+(scripts/device/variants.sh runs it on a lent GPU).
 
 Then each level's floor: every linear and attention call its forwards made, replayed alone at its own shapes (best
 of several runs), against the level's unprofiled wall time, and the model FLOP/s (services/common/flops.py) at each:
@@ -41,14 +41,15 @@ class Inline(Executor):
 
 
 def steps(engine: Engine, concurrency: int, requests: int) -> int:
-    """Decode `requests` prompts, `concurrency` at a time; -> the steps it took."""
-    count = 0
-    for first in range(0, requests, concurrency):
-        for i in range(first, min(first + concurrency, requests)):
-            engine.add_request(BENCH_PROMPTS[i % len(BENCH_PROMPTS)], "pipeline", {}, 48, SamplingParams())
-        while engine.has_unfinished():
-            engine.step()
-            count += 1
+    """Decode `requests` prompts, keeping `concurrency` in flight as `dlm bench --concurrency` does (when one ends,
+    the next starts); -> the steps it took."""
+    count = added = 0
+    while added < requests or engine.has_unfinished():
+        while added < requests and len(engine.requests) < concurrency:
+            engine.add_request(BENCH_PROMPTS[added % len(BENCH_PROMPTS)], "pipeline", {}, 48, SamplingParams())
+            added += 1
+        engine.step()
+        count += 1
     return count
 
 
@@ -158,7 +159,7 @@ def main(config_path: str) -> None:
     dtype = getattr(torch, engine.config.dtype)
     steps(engine, 1, 4)  # warm up
     steps(engine, 16, 16)
-    for concurrency, requests in ((1, 12), (16, 32)):
+    for concurrency, requests in ((1, 12), (16, 128)):  # the bench's 8 requests a stream at c=16
         n, wall_ms, model, prof = level(engine, concurrency, requests, activities, sync)
         ops = prof.key_averages()
         host_ms = sum(e.self_cpu_time_total for e in ops) / 1000
