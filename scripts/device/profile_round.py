@@ -115,13 +115,15 @@ def timed_kernels() -> Iterator[tuple[dict[str, float], list[tuple[int, int, int
             setattr(F, name, call)
 
 
-def in_place(engine: Engine, concurrency: int, requests: int, model_per_step: float) -> str:
+def in_place(engine: Engine, concurrency: int, requests: int) -> str:
     """The level run again, its kernels timed where they ran, against the MFU reference on the drafter's shapes
     (services/cli/mfu.py: its MLP's [tokens per call, H] x [H, I], here on this thread, where the forwards ran)."""
+    before = flops.counted()
     with timed_kernels() as (spent, linears):
         start = time.perf_counter()
         n = steps(engine, concurrency, requests)
         step_ms = 1000 * (time.perf_counter() - start) / n
+    model_per_step = (flops.counted() - before) / n
     linear, attention = (spent[name] / n for name in KERNELS)
     hidden, intermediate = model_shape(engine.config, "drafter")
     rows = [m for m, out, width in linears if (out, width) == (2 * intermediate, hidden)]  # the drafter's gate_up
@@ -180,7 +182,7 @@ def main(config_path: str) -> None:
             f"{model / alone / 1e6:.1f}"
         )
         if not cuda:  # a launch's host time is not its kernel's
-            print(in_place(engine, concurrency, requests, model / n))
+            print(in_place(engine, concurrency, requests))
         print(ops.table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=48))
         if cuda:
             print(ops.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=48))
