@@ -60,6 +60,17 @@ def run_strategy(
     return row
 
 
+def warm_run(
+    engine: Engine, name: str, prompts: list[str], max_new_tokens: int, params: dict, strategy: str | None
+) -> BenchRow:
+    """The row's run, right after one untimed request of its own. A model and code left untouched for a while are
+    slow to touch again here: on the 2-core box the drafter's first forward after 3.5 s idle took 140 ms against 6,
+    and five `pipeline` requests took 146-173 ms right after `mdm` against 110-125 after `pipeline`. Each row follows
+    the others, so without the warm-up a row's time held part of the cost of following the row before it."""
+    engine.generate(prompts[0], strategy or name, params, max_new_tokens, SamplingParams())
+    return run_strategy(engine, name, prompts, max_new_tokens, params, strategy)
+
+
 def baselines(engine: Engine) -> dict[str, tuple[str, dict]]:
     """The drafter-alone and guider-alone rows only where that model is configured."""
     return {k: v for k, v in BASELINES.items() if k not in OPTIONAL or OPTIONAL[k] in engine.config.models}
@@ -79,9 +90,8 @@ def bench(
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts = prompts or PROMPTS
     runs = baselines(engine) | {s: (s, (params or {}).get(s, {})) for s in strategies if s not in BASELINES}
-    engine.generate(prompts[0], "ar", None, 4)  # load weights and warm up outside the timings
     turns = [
-        [run_strategy(engine, name, prompts, max_new_tokens, p, strategy) for name, (strategy, p) in runs.items()]
+        [warm_run(engine, name, prompts, max_new_tokens, p, strategy) for name, (strategy, p) in runs.items()]
         for _ in range(repeats)
     ]
     rows = [median_run(list(runs_of_row)) for runs_of_row in zip(*turns, strict=True)]

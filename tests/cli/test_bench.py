@@ -1,5 +1,5 @@
-"""dlm bench --strategies --repeats: the rows take turns, and each keeps its median run, so that the speedups weigh
-runs made at the same times."""
+"""dlm bench --strategies --repeats: the rows take turns, each timed right after an untimed request of its own, and
+each keeps its median run, so that the speedups weigh runs made at the same times."""
 
 from types import SimpleNamespace
 
@@ -26,10 +26,20 @@ def test_rows_take_turns_and_each_keeps_its_median_run(monkeypatch):
         ran.append(name)
         return BenchRow(name, 0, 1.0, 1, 0, tokens_per_s=speeds[name][ran.count(name) - 1])
 
+    def generate(prompt, strategy, params, max_new_tokens, sampling):
+        ran.append(("warm-up", strategy, params, max_new_tokens))
+
     monkeypatch.setattr(bench_module, "run_strategy", run_strategy)
-    engine = SimpleNamespace(config=SimpleNamespace(models={"drafter": "d", "guider": "g"}), generate=lambda *a: None)
-    rows = bench(engine, ["pipeline"], repeats=3)
-    assert ran == ROWS * 3
+    engine = SimpleNamespace(config=SimpleNamespace(models={"drafter": "d", "guider": "g"}), generate=generate)
+    rows = bench(engine, ["pipeline"], repeats=3, max_new_tokens=8)
+    warm_ups = [
+        ("warm-up", "ar", {}, 8),
+        ("warm-up", "ar", {"model": "drafter"}, 8),
+        ("warm-up", "ar", {"model": "guider"}, 8),
+        ("warm-up", "mdm", {}, 8),
+        ("warm-up", "pipeline", {}, 8),
+    ]
+    assert ran == [call for pair in zip(warm_ups, ROWS, strict=True) for call in pair] * 3
     assert [row.tokens_per_s for row in rows] == [20, 3, 7, 2, 30]
     assert rows[-1].speedup_vs_ar_drafter == 10 and rows[-1].speedup_vs_ar == 1.5
 
