@@ -7,17 +7,18 @@ to read (sum) a tensor of each size, back to back and right after reading --evic
 torch thread: one core, one L2.
 `PYTHONPATH=. python scripts/cold_reads.py [CONFIG] [--runs 200] [--evict 4]`
 
-On the 2-core box (one run, 2026-11-29), the L2 holds 2048 KiB and a drafter layer's weights 3.0 MiB. Reading
-64 KiB took 2 µs back to back and 27 µs after 4 MiB of other reads; 256 KiB took 3 and 35 µs, 1024 KiB 13 and 67."""
+On the 2-core box (three runs, 2026-11-29), the L2 holds 2048 KiB and a drafter layer's weights 3.0 MiB. Reading
+64 KiB took 1.8-2.1 µs back to back and 24.6-31.1 µs after 4 MiB of other reads; 256 KiB took 3.1-3.3 and 35.4-39.0 µs,
+1024 KiB 9.1-13.5 and 64.5-69.0."""
 
 import argparse
-import json
 import os
 import statistics
 import time
 
 import torch
 
+from services.common.checkpoints import read_config
 from services.common.config import DEFAULT_CONFIG, EngineConfig
 
 SIZES_KIB = (64, 256, 1024)
@@ -36,11 +37,9 @@ def l2_kib() -> int | None:
 def layer_mib(model_dir: str) -> float | None:
     """One decoder layer's linear weights in float32 (q, k, v, o, gate, up, down), MiB; None for a model that is not
     a decoder (the filter)."""
-    path = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
         return None
-    with open(path) as f:
-        c = json.load(f)
+    c = read_config(model_dir)
     h, i, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     d = c.get("head_dim") or h // heads
     params = h * (heads + 2 * c["num_key_value_heads"]) * d + heads * d * h + 3 * h * i
