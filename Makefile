@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,serving,plots]'
+	$(BIN)/python -m services.common.cpu_kernels  # the fused CPU kernels, built once here rather than on first use
 	touch $@
 
 run: setup

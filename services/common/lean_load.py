@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from transformers import LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM, Qwen3ForCausalLM
 
+from services.common.cpu_kernels import ops_for
 from services.common.lean_model import Layer, LeanModel
 from services.common.lean_ops import rotary_tables
 
@@ -16,7 +17,8 @@ ROPE_BY_LENGTH = ("dynamic", "longrope")  # inverse frequencies that change with
 
 
 @torch.no_grad()
-def lean_model(model: PreTrainedModel) -> LeanModel:
+def lean_model(model: PreTrainedModel, cpu_kernels: bool = True) -> LeanModel:
+    """cpu_kernels: the fused kernels where the model is float32 on the CPU (cpu_kernels.py); torch's ops if False."""
     check(model)
     base, cfg = model.base_model, model.config
     attn = base.layers[0].self_attn
@@ -33,6 +35,7 @@ def lean_model(model: PreTrainedModel) -> LeanModel:
         head_dim=attn.head_dim,
         eps=base.norm.variance_epsilon,
         causal=getattr(cfg, "is_causal", True),
+        ops=ops_for(base.embed_tokens.weight.device, base.embed_tokens.weight.dtype, cpu_kernels),
     )
 
 

@@ -1,9 +1,10 @@
 """The hosts' decoder, in the spirit of nano-vllm's models/qwen3.py: a Qwen3 / Qwen2 / Llama causal LM's weights,
 read once at load (lean_load.py), fused where one matmul does the work of several (q, k and v; gate and up), and a
-forward of plain tensor ops (lean_ops.py) over a packed row of tokens, attention per request (packed_attention.py).
-No module stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, element for
-element, so its logits are transformers' within float tolerance (tests/common/test_lean_model.py, test_lean_ops.py,
-test_lean_load.py).
+forward of plain tensor ops over a packed row of tokens, attention per request (packed_attention.py). Between the
+matmuls it calls `ops` (lean_ops.Ops): torch's, or in float32 on the CPU fused kernels (cpu_kernels.py). No module
+stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, so its logits are
+transformers' within float tolerance (tests/common/test_lean_model.py, test_lean_ops.py, test_lean_load.py,
+test_cpu_kernels.py).
 
 Shapes: Q tokens in the packed row, H hidden, Hq query heads and Hkv KV heads of D, I the MLP's width, V the
 vocabulary, P the positions the rotary tables cover.
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from services.common import flops
-from services.common.lean_ops import rms_norm, rotary, swiglu
+from services.common.lean_ops import Ops
 from services.common.packed_attention import Segment, attend
 
 
@@ -45,6 +46,7 @@ class LeanModel:
     head_dim: int  # D
     eps: float
     causal: bool  # False: new tokens see each other both ways (bidirectional drafters)
+    ops: Ops  # the norms, rotary and SwiGLU between the matmuls
 
     @property
     def device(self) -> torch.device:
@@ -55,10 +57,10 @@ class LeanModel:
         before the final norm; each attention layer writes each segment's cache."""
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [Q, 1, D], shared by every layer
         for index, layer in enumerate(self.layers):
-            x = rms_norm(hidden, layer.attn_norm, self.eps)
+            x = self.ops.rms_norm(hidden, layer.attn_norm, self.eps)
             hidden = hidden + self.attention(layer, index, x, cos, sin, segments)
-            x = rms_norm(hidden, layer.mlp_norm, self.eps)
-            hidden = hidden + F.linear(swiglu(F.linear(x, layer.gate_up)), layer.down)
+            x = self.ops.rms_norm(hidden, layer.mlp_norm, self.eps)
+            hidden = hidden + F.linear(self.ops.swiglu(F.linear(x, layer.gate_up)), layer.down)
         return hidden
 
     def attention(
@@ -68,16 +70,14 @@ class LeanModel:
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [Q, (Hq + 2 Hkv) D]
         heads, d = self.heads + self.kv_heads, self.head_dim
         qk = qkv[:, : heads * d].unflatten(1, (heads, d))  # [Q, Hq + Hkv, D]: queries and keys, normed and rotated
-        if layer.qk_norm is not None:  # together
-            qk = rms_norm(qk, layer.qk_norm, self.eps)
-        qk = rotary(qk, cos, sin)
+        qk = self.ops.qk_norm_rotary(qk, layer.qk_norm, cos, sin, self.eps)  # together
         value = qkv[:, heads * d :].unflatten(1, (self.kv_heads, d))  # [Q, Hkv, D]
         out = attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
         return F.linear(out, layer.o, layer.o_bias)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, H], rows of decode's output -> float32 logits [R, V]."""
-        return F.linear(rms_norm(hidden, self.norm, self.eps), self.head).float()
+        return F.linear(self.ops.rms_norm(hidden, self.norm, self.eps), self.head).float()
 
     def flops(self, tokens: int, attended: int, rows: int) -> int:
         linear = sum(w.numel() for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))

@@ -1,8 +1,30 @@
 """The tensor ops of the lean decoder (lean_model.py), each equal element for element to what transformers' Qwen3 /
-Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py)."""
+Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py).
+
+`Ops` is what the decoder calls between its matmuls: these torch ops (TORCH_OPS), or on the CPU in float32 the same
+maths as fused kernels (cpu_kernels.py)."""
+
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+
+class Ops(Protocol):
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x [N, H] over its last dim, times weight [H]."""
+        ...
+
+    def qk_norm_rotary(
+        self, qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """qk [T, heads, D], each head normed by its row of weight [heads, D] (where the model has q/k norms), then
+        rotated by cos, sin [T, 1, D] (rotary_tables at the tokens' positions) -> [T, heads, D]."""
+        ...
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] -> [T, I]."""
+        ...
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,3 +57,19 @@ def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, t
     negated."""
     half = sin.shape[-1] // 2
     return cos, torch.cat([-sin[:, :half], sin[:, half:]], -1)
+
+
+class TorchOps:
+    """Ops as the functions above: any device and dtype."""
+
+    rms_norm = staticmethod(rms_norm)
+    swiglu = staticmethod(swiglu)
+
+    @staticmethod
+    def qk_norm_rotary(
+        qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        return rotary(qk if weight is None else rms_norm(qk, weight, eps), cos, sin)
+
+
+TORCH_OPS = TorchOps()

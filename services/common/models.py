@@ -76,7 +76,7 @@ def load_meta(path: str) -> ModelMeta:
     return ModelMeta(path, tokenizer, mask_id, int(eos_id), max_length, bidirectional, shift)
 
 
-def load_model(path: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+def load_model(path: str, device: str = "cpu", dtype: str = "float32", cpu_kernels: bool = True) -> LoadedModel:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     meta = load_meta(path)
@@ -84,7 +84,7 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32") -> Loaded
     if meta.bidirectional:
         make_bidirectional(model)
     model.to(device).eval()
-    return LoadedModel(model, meta, lean_model(model))
+    return LoadedModel(model, meta, lean_model(model, cpu_kernels))
 
 
 def make_bidirectional(model: PreTrainedModel) -> None:

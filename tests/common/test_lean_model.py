@@ -1,7 +1,8 @@
 """The lean decoder equals transformers' own forward of the model it was read from: logits within 1e-5 in fp32 and the
 same KV in each request's cache, uncached and over caches, causal and bidirectional, with groups masks, rest, input
 embeddings and logical (out-of-order) positions, for each family it runs (Qwen3's q/k norm, Qwen2's q/k/v biases,
-Llama's output bias). The norms' weights are random, so that dropping any of them shows."""
+Llama's output bias), on torch's ops and on the fused CPU kernels (cpu_kernels.py). The norms' weights are random,
+so that dropping any of them shows."""
 
 import inspect
 
@@ -84,25 +85,30 @@ def lean_cache(lean, ids: list[int], pos: list[int]) -> DynamicCache:
     return cache
 
 
+KERNELS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["kernels", "torch-ops"])
+
+
+@KERNELS
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_an_uncached_forward_equals_transformers(family, causal):
+def test_an_uncached_forward_equals_transformers(family, causal, cpu_kernels):
     model = model_of(family, causal)
     ids = torch.randint(0, V, (23,)).tolist()
     with torch.no_grad():
         expected = model(input_ids=torch.tensor([ids])).logits[0]
     item = Item(DynamicCache(), ids, list(range(len(ids))), len(ids))
-    torch.testing.assert_close(forward(lean_model(model), [item])[0], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(forward(lean_model(model, cpu_kernels), [item])[0], expected, atol=1e-5, rtol=0)
 
 
+@KERNELS
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
-def test_a_packed_forward_over_caches_equals_transformers_request_by_request(family, causal):
+def test_a_packed_forward_over_caches_equals_transformers_request_by_request(family, causal, cpu_kernels):
     """Three requests in one packed row: one over a cache of out-of-order positions with groups, keep and rest; one
     without a cache, with groups; one over a cache with input embeddings and a wanted slice. Each one's logits and KV
     are those of transformers' cached forward of that request alone."""
     model = model_of(family, causal, seed=1)
-    lean = lean_model(model)
+    lean = lean_model(model, cpu_kernels)
     torch.manual_seed(2)
     tokens = torch.randint(0, V, (40,)).tolist()
     pasts = [

@@ -20,7 +20,8 @@ class HostPool:
 
     def load(self, model: str) -> LoadedModel:
         if model not in self.loaded:
-            self.loaded[model] = load_model(self.config.path(model), self.config.device, self.config.dtype)
+            config = self.config
+            self.loaded[model] = load_model(config.path(model), config.device, config.dtype, config.cpu_kernels)
         return self.loaded[model]
 
     def host(self, name: str) -> Host:

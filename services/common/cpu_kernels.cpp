@@ -1,0 +1,131 @@
+// The lean decoder's elementwise work (lean_ops.py) as fused float32 CPU kernels, built at first use by
+// cpu_kernels.py. Each reads its input once and writes its output once: torch's F.rms_norm is eight ops on the CPU
+// (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's weights have pushed
+// out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not depend on the batch or
+// on the threads (a request decoded among others gets the tokens it gets alone). tests/common/test_cpu_kernels.py
+// checks each kernel against its torch form.
+#include <ATen/cpu/vec/vec.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <optional>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kMaxHeadDim = 1024;
+
+// 1 / sqrt(mean(r^2) + eps) over one row of D, as RMSNorm normalises it (the sum in its own order: within float
+// rounding of torch's, not bit for bit).
+float inv_rms(const float* r, int64_t d, float eps) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < d; ++j) sum += r[j] * r[j];
+  return 1.f / std::sqrt(sum / d + eps);
+}
+
+// f(i) for i in [0, n) on the calling thread's OpenMP team (its torch intra-op threads), inline where n <= grain.
+// Not at::parallel_for: an extension holds its own copy of ATen's once-per-thread flag, so its first call on a thread
+// resets that thread's team to torch's last global count, undoing the executor's threads on its worker.
+template <typename F>
+void for_each(int64_t n, int64_t grain, const F& f) {
+#pragma omp parallel for schedule(static) if (n > grain)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+void check_float(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat, name, " must be a float32 CPU tensor");
+}
+
+}  // namespace
+
+// x [N, D], weight [D] -> x * rsqrt(mean(x^2) + eps) * weight, [N, D].
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  check_float(x, "x");
+  check_float(weight, "weight");
+  auto in = x.contiguous();
+  int64_t d = in.size(-1), rows = in.numel() / d;
+  TORCH_CHECK(weight.numel() == d && weight.is_contiguous(), "weight must be [", d, "]");
+  auto out = torch::empty_like(in);
+  const float *xp = in.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for_each(rows, 64, [&](int64_t i) {
+    const float* r = xp + i * d;
+    float* o = op + i * d;
+    float inv = inv_rms(r, d, eps);
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) o[j] = r[j] * inv * wp[j];
+  });
+  return out;
+}
+
+// qk [T, H, D], each head's D contiguous (a view of the qkv projection); weight [H, D] or none (no q/k norm);
+// cos, sin [T, D] at the tokens' positions (sin's first half negated: lean_ops.rotary_tables) -> [T, H, D], each head
+// normed, then rotated: out = n cos + roll(n, D/2) sin.
+torch::Tensor qk_norm_rotary(const torch::Tensor& qk, const std::optional<torch::Tensor>& weight,
+                             const torch::Tensor& cos, const torch::Tensor& sin, double eps) {
+  check_float(qk, "qk");
+  TORCH_CHECK(qk.dim() == 3 && qk.stride(2) == 1 && qk.size(2) <= kMaxHeadDim,
+              "qk must be [T, H, D] with D contiguous and at most ", kMaxHeadDim);
+  int64_t tokens = qk.size(0), heads = qk.size(1), d = qk.size(2), half = d / 2;
+  auto c = cos.reshape({tokens, d}).contiguous(), s = sin.reshape({tokens, d}).contiguous();
+  check_float(c, "cos");
+  check_float(s, "sin");
+  const float* wp = nullptr;
+  if (weight.has_value()) {
+    check_float(*weight, "weight");
+    TORCH_CHECK(weight->numel() == heads * d && weight->is_contiguous(), "weight must be [", heads, ", ", d, "]");
+    wp = weight->data_ptr<float>();
+  }
+  auto out = torch::empty({tokens, heads, d}, qk.options());
+  const float *xp = qk.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  int64_t token_stride = qk.stride(0), head_stride = qk.stride(1);
+  for_each(tokens * heads, 512, [&](int64_t k) {
+    int64_t t = k / heads, h = k % heads;
+    const float *r = xp + t * token_stride + h * head_stride, *ct = cp + t * d, *st = sp + t * d;
+    float* o = op + k * d;
+    float n[kMaxHeadDim];
+    if (wp != nullptr) {
+      const float* w = wp + h * d;
+      float inv = inv_rms(r, d, eps);
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) n[j] = r[j] * inv * w[j];
+    } else {
+      std::copy(r, r + d, n);
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < half; ++j) o[j] = n[j] * ct[j] + n[j + half] * st[j];
+#pragma omp simd
+    for (int64_t j = half; j < d; ++j) o[j] = n[j] * ct[j] + n[j - half] * st[j];
+  });
+  return out;
+}
+
+// gate_up [T, 2I], the gate and up projections side by side -> silu(gate) * up, [T, I]; silu as torch computes it,
+// bit for bit: x / (1 + exp(-x)), with ATen's vectorised exp over whole blocks of two vectors and std::exp past them.
+torch::Tensor swiglu(const torch::Tensor& gate_up) {
+  check_float(gate_up, "gate_up");
+  auto in = gate_up.contiguous();
+  int64_t tokens = in.size(0), width = in.size(1) / 2;
+  auto out = torch::empty({tokens, width}, in.options());
+  const float* xp = in.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for_each(tokens, 16, [&](int64_t t) {
+    const float *g = xp + t * 2 * width, *u = g + width;
+    float* o = op + t * width;
+    int64_t j = 0;
+    for (; j < width - width % (2 * Vec::size()); j += Vec::size()) {
+      Vec x = Vec::loadu(g + j);
+      (x / (Vec(1.f) + x.neg().exp()) * Vec::loadu(u + j)).store(o + j);
+    }
+    for (; j < width; ++j) o[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dim with a [D] weight");
+  m.def("qk_norm_rotary", &qk_norm_rotary, "per-head RMSNorm (optional), then rotary");
+  m.def("swiglu", &swiglu, "silu(gate) * up");
+}

@@ -1,0 +1,77 @@
+"""The lean decoder's fused CPU kernels (cpu_kernels.cpp): its ops (lean_ops.Ops) for float32 on the CPU, where each
+torch op is a pass over a cold activation and the norms alone are eight ops each. Built with torch's C++ extension
+toolchain on first use, for the instruction set torch itself dispatches to on this CPU, and cached
+(TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions). `python -m services.common.cpu_kernels` builds them ahead
+(make setup, the image). Without a C++ compiler, or with engine.cpu_kernels false, the decoder runs torch's ops.
+"""
+
+import functools
+import logging
+import os
+import shutil
+from types import ModuleType
+
+import torch
+
+from services.common.lean_ops import TORCH_OPS, Ops
+
+log = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.cpp")
+# torch's own CPU capability -> the flags that let ATen's vector types (at::vec) use it
+# (-fopenmp: at::parallel_for's OpenMP loop is inline in ATen's headers; it runs on the OpenMP runtime torch loaded)
+ARCH_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
+
+
+@functools.cache
+def build() -> ModuleType | None:
+    """The compiled kernels, or None (logged) where they cannot be built here."""
+    import ninja  # the build tool torch's loader runs: pip's, where the system has none on PATH
+    from torch.utils import cpp_extension  # imports setuptools: only where the kernels are wanted
+
+    if shutil.which("ninja") is None:
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ARCH_FLAGS:
+        capability = "DEFAULT"  # ATen's portable vectors
+    flags = ["-O3", "-fopenmp", *ARCH_FLAGS.get(capability, [])]
+    flags += [f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
+    try:
+        return cpp_extension.load(f"dlm_cpu_kernels_{capability.lower()}", [SOURCE], extra_cflags=flags)
+    except (OSError, RuntimeError, ImportError) as e:  # no compiler or ninja, a read-only cache
+        log.warning("the fused CPU kernels could not be built (%s); the lean decoder runs torch's ops", e)
+        return None
+
+
+class CpuKernels:
+    """lean_ops.Ops on the compiled kernels: float32 CPU tensors only (ops_for)."""
+
+    def __init__(self, kernels: ModuleType):
+        self.kernels = kernels
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self.kernels.rms_norm(x, weight, eps)
+
+    def qk_norm_rotary(
+        self, qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        return self.kernels.qk_norm_rotary(qk, weight, cos, sin, eps)
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.swiglu(gate_up)
+
+
+def ops_for(device: torch.device, dtype: torch.dtype, fused: bool = True) -> Ops:
+    """The kernels for float32 on the CPU where they build (and fused is on); torch's ops otherwise."""
+    if fused and device.type == "cpu" and dtype == torch.float32 and (kernels := build()) is not None:
+        return CpuKernels(kernels)
+    return TORCH_OPS
+
+
+if __name__ == "__main__":
+    module = build()
+    print(f"fused CPU kernels: {module.__file__ if module else 'not built (see the warning above)'}")

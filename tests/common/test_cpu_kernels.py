@@ -1,0 +1,115 @@
+"""The fused CPU kernels (services/common/cpu_kernels.cpp) compute what the lean decoder's torch ops compute
+(lean_ops.TORCH_OPS): the norms within float rounding (the sum of squares in another order), SwiGLU bit for bit (the
+same vectorised exp). Each row's result is the same whatever rows stand beside it, and the decoder takes them only for
+float32 on the CPU. The engine decodes the same tokens with them as without (tests/common/test_lean_model.py checks
+the logits against transformers)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from services.common import cpu_kernels
+from services.common.config import EngineConfig
+from services.common.lean_ops import TORCH_OPS, rotary_tables
+from services.common.params import BENCH_PROMPTS
+from services.common.threads import intra_op_threads
+from services.orchestrator.engine.engine import Engine
+
+EPS = 1e-6
+HEADS, KV_HEADS, D = 4, 2, 64
+
+
+@pytest.fixture(scope="module")
+def kernels() -> cpu_kernels.CpuKernels:
+    built = cpu_kernels.build()
+    if built is None:
+        pytest.skip("no C++ toolchain here: the decoder runs torch's ops")
+    return cpu_kernels.CpuKernels(built)
+
+
+def rows() -> torch.Tensor:
+    """[40, 256]: normal rows, rows at a scale where eps counts (mean square ~ eps), and a zero row."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 256) * 3
+    x[10:20] *= 1e-3 / 3
+    x[20] = 0
+    return x
+
+
+def test_rms_norm_is_the_torch_ops(kernels):
+    x, weight = rows(), torch.rand(256) + 0.5
+    got = kernels.rms_norm(x, weight, EPS)
+    torch.testing.assert_close(got, TORCH_OPS.rms_norm(x, weight, EPS), rtol=2e-6, atol=1e-7)
+    assert torch.equal(got[20], torch.zeros(256))
+
+
+@pytest.mark.parametrize("normed", [True, False], ids=["qwen3", "no-qk-norm"])
+def test_qk_norm_rotary_is_the_torch_ops(kernels, normed):
+    """On queries and keys as the decoder has them: a view of the qkv projection, tokens at any positions."""
+    torch.manual_seed(1)
+    tokens = 29
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * D) * 2
+    qk = qkv[:, : (HEADS + KV_HEADS) * D].unflatten(1, (HEADS + KV_HEADS, D))
+    weight = torch.rand(HEADS + KV_HEADS, D) + 0.5 if normed else None
+    angles = torch.arange(512)[:, None] * 10000 ** (-torch.arange(0, D, 2) / D)
+    cos, sin = rotary_tables(torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin())
+    positions = torch.randperm(512)[:tokens]
+    cos, sin = cos[positions][:, None], sin[positions][:, None]
+    got = kernels.qk_norm_rotary(qk, weight, cos, sin, EPS)
+    torch.testing.assert_close(got, TORCH_OPS.qk_norm_rotary(qk, weight, cos, sin, EPS), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("width", [768, 37], ids=["vectors", "with-a-tail"])
+def test_swiglu_is_the_torch_op_bit_for_bit(kernels, width):
+    gate_up = torch.randn(30, 2 * width) * 4
+    assert torch.equal(kernels.swiglu(gate_up), TORCH_OPS.swiglu(gate_up))
+
+
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
+    """600 rows run on every thread, 3 rows on one: the same bits for the same rows (batch invariance)."""
+    torch.manual_seed(2)
+    x, weight = torch.randn(600, 256), torch.rand(256)
+    assert torch.equal(kernels.rms_norm(x, weight, EPS)[:3], kernels.rms_norm(x[:3], weight, EPS))
+    gate_up = torch.randn(600, 1536)
+    assert torch.equal(kernels.swiglu(gate_up)[:3], kernels.swiglu(gate_up[:3]))
+
+
+def test_a_kernel_keeps_the_torch_threads_of_the_thread_it_runs_on(kernels):
+    """The in-process executor's worker runs its forwards on 2 threads while the event loop's thread keeps 1: a kernel's
+    first call on the worker must not reset the worker's team to the last count set anywhere."""
+    worker, before = ThreadPoolExecutor(1), torch.get_num_threads()
+    try:
+        worker.submit(intra_op_threads, 2).result()
+        intra_op_threads(1)
+        x, weight = torch.randn(600, 256), torch.rand(256)
+        assert worker.submit(lambda: (kernels.rms_norm(x, weight, EPS), torch.get_num_threads())[1]).result() == 2
+    finally:
+        worker.shutdown()
+        intra_op_threads(before)
+
+
+def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
+    with pytest.raises(RuntimeError, match="x must be a float32 CPU tensor"):
+        kernels.rms_norm(torch.randn(3, 256, dtype=torch.bfloat16), torch.rand(256), EPS)
+    with pytest.raises(RuntimeError, match=r"weight must be \[256\]"):
+        kernels.rms_norm(torch.randn(3, 256), torch.rand(128), EPS)
+
+
+def test_the_decoder_takes_the_kernels_for_float32_on_the_cpu_only(kernels):
+    cpu = torch.device("cpu")
+    assert isinstance(cpu_kernels.ops_for(cpu, torch.float32), cpu_kernels.CpuKernels)
+    assert cpu_kernels.ops_for(cpu, torch.bfloat16) is TORCH_OPS
+    assert cpu_kernels.ops_for(cpu, torch.float32, fused=False) is TORCH_OPS
+    assert cpu_kernels.ops_for(torch.device("cuda"), torch.float32) is TORCH_OPS
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "ar"])
+def test_the_engine_decodes_the_same_tokens_with_the_kernels(kernels, strategy):
+    """The shipped models, greedy, four bench prompts at once: engine.cpu_kernels on and off give the same tokens."""
+    outputs = {}
+    for fused in (True, False):
+        engine = Engine(EngineConfig.from_yaml(cpu_kernels=fused, strategy=strategy, max_new_tokens=32))
+        assert isinstance(engine.executor.load("drafter").decoder.ops, cpu_kernels.CpuKernels) == fused
+        outputs[fused] = [out.token_ids for out in engine.generate(list(BENCH_PROMPTS[:4]))]
+    assert outputs[True] == outputs[False]
