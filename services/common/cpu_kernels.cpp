@@ -124,8 +124,39 @@ torch::Tensor swiglu(const torch::Tensor& gate_up) {
   return out;
 }
 
+// A packed row's attention (packed_attention.attend) with its loop over the segments here rather than in Python:
+// each segment's queries over its cached keys and values followed by its new ones, through ATen's SDPA (grouped-query
+// heads, no copy of the KV heads). q [Q, H, D], k, v [Q, Hkv, D]; per segment i: its rows [start_i, stop_i), past
+// keys and values [1, Hkv, L_i, D] (none before its first entry), its mask [q_i, L_i + q_i] (none: as causal_i says)
+// -> (out [Q, H D], per segment its keys and values [1, Hkv, L_i + q_i, D], the past's then the new tokens').
+std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>> attend(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::vector<int64_t>& starts,
+    const std::vector<int64_t>& stops, const std::vector<std::optional<torch::Tensor>>& past_keys,
+    const std::vector<std::optional<torch::Tensor>>& past_values, const std::vector<std::optional<torch::Tensor>>& masks,
+    const std::vector<bool>& causal, double scale) {
+  auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1).unsqueeze(0); };  // [1, heads, Q, D]
+  auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
+  auto out = torch::empty_like(q);
+  std::vector<torch::Tensor> keys, values;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t start = starts[i], stop = stops[i];
+    auto key = kh.slice(2, start, stop), value = vh.slice(2, start, stop);
+    if (past_keys[i].has_value()) {
+      key = torch::cat({*past_keys[i], key}, 2);
+      value = torch::cat({*past_values[i], value}, 2);
+    }
+    auto o = at::scaled_dot_product_attention(qh.slice(2, start, stop), key, value, masks[i], 0.0, causal[i], scale,
+                                              /*enable_gqa=*/true);  // [1, H, q_i, D]
+    out.slice(0, start, stop).copy_(o[0].transpose(0, 1));
+    keys.push_back(key);
+    values.push_back(value);
+  }
+  return {out.flatten(1), keys, values};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim with a [D] weight");
   m.def("qk_norm_rotary", &qk_norm_rotary, "per-head RMSNorm (optional), then rotary");
   m.def("swiglu", &swiglu, "silu(gate) * up");
+  m.def("attend", &attend, "a packed row's attention, segment by segment");
 }

@@ -6,6 +6,7 @@ toolchain on first use, for the instruction set torch itself dispatches to on th
 """
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -13,7 +14,9 @@ from types import ModuleType
 
 import torch
 
+from services.common.kv import layer_kv
 from services.common.lean_ops import TORCH_OPS, Ops
+from services.common.packed_attention import Segment, keep
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,16 @@ def build() -> ModuleType | None:
     flags = ["-O3", "-fopenmp", *ARCH_FLAGS.get(capability, [])]
     flags += [f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}"]
     try:
-        return cpp_extension.load(f"dlm_cpu_kernels_{capability.lower()}", [SOURCE], extra_cflags=flags)
+        return cpp_extension.load(f"dlm_cpu_kernels_{capability.lower()}_{checkout()}", [SOURCE], extra_cflags=flags)
     except (OSError, RuntimeError, ImportError) as e:  # no compiler or ninja, a read-only cache
         log.warning("the fused CPU kernels could not be built (%s); the lean decoder runs torch's ops", e)
         return None
+
+
+def checkout() -> str:
+    """A tag of this source's path: two checkouts sharing one cache each build their own (torch rebuilds a name whose
+    source path changed, under any process that has it loaded)."""
+    return hashlib.sha1(SOURCE.encode()).hexdigest()[:8]
 
 
 class CpuKernels:
@@ -63,6 +72,32 @@ class CpuKernels:
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.swiglu(gate_up)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        segments: list[Segment],
+        layer: int,
+        scale: float,
+    ) -> torch.Tensor:
+        pasts = [layer_kv(seg.cache, layer) or (None, None) for seg in segments]
+        out, keys, values = self.kernels.attend(
+            query,
+            key,
+            value,
+            [seg.new.start for seg in segments],
+            [seg.new.stop for seg in segments],
+            [past[0] for past in pasts],
+            [past[1] for past in pasts],
+            [seg.mask for seg in segments],
+            [seg.causal for seg in segments],
+            scale,
+        )
+        for seg, k, v in zip(segments, keys, values, strict=True):
+            keep(seg, layer, k, v)
+        return out
 
 
 def ops_for(device: torch.device, dtype: torch.dtype, fused: bool = True) -> Ops:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from services.common import flops
 from services.common.lean_ops import Ops
-from services.common.packed_attention import Segment, attend
+from services.common.packed_attention import Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ class LeanModel:
         qk = qkv[:, : heads * d].unflatten(1, (heads, d))  # [Q, Hq + Hkv, D]: queries and keys, normed and rotated
         qk = self.ops.qk_norm_rotary(qk, layer.qk_norm, cos, sin, self.eps)  # together
         value = qkv[:, heads * d :].unflatten(1, (self.kv_heads, d))  # [Q, Hkv, D]
-        out = attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
+        out = self.ops.attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
         return F.linear(out, layer.o, layer.o_bias)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

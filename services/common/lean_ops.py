@@ -9,6 +9,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from services.common import packed_attention
+from services.common.packed_attention import Segment
+
 
 class Ops(Protocol):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,6 +27,18 @@ class Ops(Protocol):
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] -> [T, I]."""
+        ...
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        segments: list[Segment],
+        layer: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """packed_attention.attend: query [Q, H, D]; key, value [Q, H_kv, D] -> [Q, H D], writing each cache."""
         ...
 
 
@@ -64,6 +79,7 @@ class TorchOps:
 
     rms_norm = staticmethod(rms_norm)
     swiglu = staticmethod(swiglu)
+    attend = staticmethod(packed_attention.attend)
 
     @staticmethod
     def qk_norm_rotary(

@@ -39,11 +39,17 @@ def extend(seg: Segment, layer: int, key: torch.Tensor, value: torch.Tensor) -> 
     past = layer_kv(seg.cache, layer)
     if past is not None:
         key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
+    keep(seg, layer, key, value)
+    return key, value
+
+
+def keep(seg: Segment, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    """key, value [1, H_kv, L_i + q_i, D], the segment's past and new entries: its cache takes the past and the first
+    keep new ones, its rest the others."""
     end = key.shape[2] - (seg.new.stop - seg.new.start) + seg.keep
     set_layer(seg.cache, layer, key[:, :, :end], value[:, :, :end])
     if seg.rest is not None:
         set_layer(seg.rest, layer, key[:, :, end:], value[:, :, end:])
-    return key, value
 
 
 def attend(

@@ -49,7 +49,8 @@ def test_a_packed_forward_on_cuda_runs_sdpa_per_request(tiny_zoo, monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", per_request)
     for role in ("guider", "ar", "drafter"):
         queries.clear()
-        loaded = load_model(tiny_zoo[role], device="cuda")
+        # the weights stay on the CPU here: cpu_kernels=False is what the decoder takes on a real CUDA device
+        loaded = load_model(tiny_zoo[role], device="cuda", cpu_kernels=False)
         items = [Item(DynamicCache(), [5, 9, 11], [0, 1, 2], 3), Item(DynamicCache(), [7, 3], [0, 1], 2)]
         forward(loaded.decoder, items)
         layers = loaded.model.config.num_hidden_layers

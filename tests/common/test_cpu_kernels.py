@@ -1,17 +1,20 @@
 """The fused CPU kernels (services/common/cpu_kernels.cpp) compute what the lean decoder's torch ops compute
 (lean_ops.TORCH_OPS): the norms within float rounding (the sum of squares in another order), SwiGLU bit for bit (the
-same vectorised exp). Each row's result is the same whatever rows stand beside it, and the decoder takes them only for
-float32 on the CPU. The engine decodes the same tokens with them as without (tests/common/test_lean_model.py checks
-the logits against transformers)."""
+same vectorised exp), attention bit for bit with the same cache writes (the same SDPA, its loop in C++). Each row's
+result is the same whatever rows stand beside it, and the decoder takes them only for float32 on the CPU. The engine
+decodes the same tokens with them as without (tests/common/test_lean_model.py checks the logits against
+transformers)."""
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from services.common import cpu_kernels
 from services.common.config import EngineConfig
 from services.common.lean_ops import TORCH_OPS, rotary_tables
+from services.common.packed_attention import Segment
 from services.common.params import BENCH_PROMPTS
 from services.common.threads import intra_op_threads
 from services.orchestrator.engine.engine import Engine
@@ -64,6 +67,36 @@ def test_qk_norm_rotary_is_the_torch_ops(kernels, normed):
 def test_swiglu_is_the_torch_op_bit_for_bit(kernels, width):
     gate_up = torch.randn(30, 2 * width) * 4
     assert torch.equal(kernels.swiglu(gate_up), TORCH_OPS.swiglu(gate_up))
+
+
+def packed_row(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Segment]]:
+    """query [9, H, D], key, value [9, H_kv, D] and three segments: over a past with a mask, keep and rest; without a
+    past, plainly causal; over a past without a mask (every key)."""
+    torch.manual_seed(seed)
+    segments, row = [], 0
+    for past, n, keep, masked, causal in ((5, 3, 1, True, False), (0, 4, 4, False, True), (7, 2, 2, False, False)):
+        cache = DynamicCache()
+        if past:
+            cache.update(torch.randn(1, KV_HEADS, past, D), torch.randn(1, KV_HEADS, past, D), 0)
+        mask = None
+        if masked:
+            seen = torch.cat([torch.ones(n, past, dtype=torch.bool), (torch.rand(n, n) > 0.4) | torch.eye(n).bool()], 1)
+            mask = torch.zeros(seen.shape).masked_fill(~seen, float("-inf"))
+        segments.append(Segment(cache, slice(row, row + n), mask, keep, DynamicCache() if masked else None, causal))
+        row += n
+    return torch.randn(row, HEADS, D), torch.randn(row, KV_HEADS, D), torch.randn(row, KV_HEADS, D), segments
+
+
+def test_attend_is_the_torch_ops_bit_for_bit_with_the_same_cache_writes(kernels):
+    query, key, value, torch_segments = packed_row(3)
+    *_, kernel_segments = packed_row(3)
+    expected = TORCH_OPS.attend(query, key, value, torch_segments, 0, D**-0.5)
+    assert torch.equal(kernels.attend(query, key, value, kernel_segments, 0, D**-0.5), expected)
+    for mine, theirs in zip(kernel_segments, torch_segments, strict=True):
+        for cache, reference in ((mine.cache, theirs.cache), (mine.rest, theirs.rest)):
+            if reference is not None:
+                assert torch.equal(cache.layers[0].keys, reference.layers[0].keys)
+                assert torch.equal(cache.layers[0].values, reference.layers[0].values)
 
 
 def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
