@@ -13,6 +13,7 @@ import shutil
 from types import ModuleType
 
 import torch
+from torch import Tensor
 
 from services.common.kv import layer_kv
 from services.common.lean_ops import TORCH_OPS, Ops
@@ -74,14 +75,8 @@ class CpuKernels:
         return self.kernels.swiglu(gate_up)
 
     def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        segments: list[Segment],
-        layer: int,
-        scale: float,
-    ) -> torch.Tensor:
+        self, query: Tensor, key: Tensor, value: Tensor, segments: list[Segment], layer: int, scale: float
+    ) -> Tensor:
         pasts = [layer_kv(seg.cache, layer) or (None, None) for seg in segments]
         out, keys, values = self.kernels.attend(
             query,

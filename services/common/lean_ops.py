@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from services.common import packed_attention
 from services.common.packed_attention import Segment
@@ -30,14 +31,8 @@ class Ops(Protocol):
         ...
 
     def attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        segments: list[Segment],
-        layer: int,
-        scale: float,
-    ) -> torch.Tensor:
+        self, query: Tensor, key: Tensor, value: Tensor, segments: list[Segment], layer: int, scale: float
+    ) -> Tensor:
         """packed_attention.attend: query [Q, H, D]; key, value [Q, H_kv, D] -> [Q, H D], writing each cache."""
         ...
 
