@@ -2,7 +2,7 @@
 torch op is a pass over a cold activation and the norms alone are eight ops each. Built with torch's C++ extension
 toolchain on first use, for the instruction set torch itself dispatches to on this CPU, and cached
 (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions). `python -m services.common.cpu_kernels` builds them ahead
-(make setup, the image). Without a C++ compiler, or with engine.cpu_kernels false, the decoder runs torch's ops.
+(make setup). Without a C++ compiler, or with engine.cpu_kernels false, the decoder runs torch's ops.
 """
 
 import functools
@@ -22,8 +22,8 @@ from services.common.packed_attention import Segment, keep
 log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.cpp")
-# torch's own CPU capability -> the flags that let ATen's vector types (at::vec) use it
-# (-fopenmp: at::parallel_for's OpenMP loop is inline in ATen's headers; it runs on the OpenMP runtime torch loaded)
+# torch's own CPU capability -> the flags that let ATen's vector types (at::vec) use it (and -fopenmp for the kernels'
+# loops, which run on the OpenMP runtime torch loaded)
 ARCH_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
     "AVX2": ["-mavx2", "-mfma"],
@@ -63,15 +63,13 @@ class CpuKernels:
     def __init__(self, kernels: ModuleType):
         self.kernels = kernels
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return self.kernels.rms_norm(x, weight, eps)
 
-    def qk_norm_rotary(
-        self, qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
-    ) -> torch.Tensor:
+    def qk_norm_rotary(self, qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
         return self.kernels.qk_norm_rotary(qk, weight, cos, sin, eps)
 
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def swiglu(self, gate_up: Tensor) -> Tensor:
         return self.kernels.swiglu(gate_up)
 
     def attend(

@@ -77,9 +77,7 @@ class TorchOps:
     attend = staticmethod(packed_attention.attend)
 
     @staticmethod
-    def qk_norm_rotary(
-        qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
-    ) -> torch.Tensor:
+    def qk_norm_rotary(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
         return rotary(qk if weight is None else rms_norm(qk, weight, eps), cos, sin)
 
 
