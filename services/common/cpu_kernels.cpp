@@ -1,9 +1,10 @@
-// The lean decoder's elementwise work (lean_ops.py) as fused float32 CPU kernels, built at first use by
-// cpu_kernels.py. Each reads its input once and writes its output once: torch's F.rms_norm is eight ops on the CPU
-// (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's weights have pushed
-// out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not depend on the batch or
-// on the threads (a request decoded among others gets the tokens it gets alone). tests/common/test_cpu_kernels.py
-// checks each kernel against its torch form.
+// The lean decoder's ops between its matmuls (lean_ops.Ops) as float32 CPU kernels, built by cpu_kernels.py. The
+// norms, rotary and SwiGLU are fused, each reading its input once and writing its output once: torch's F.rms_norm is
+// eight ops on the CPU (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's
+// weights have pushed out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not
+// depend on the batch or on the threads (a request decoded among others gets the tokens it gets alone). Attention
+// keeps torch's SDPA calls and only moves their loop here. tests/common/test_cpu_kernels.py checks each kernel against
+// its torch form.
 #include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
 
@@ -132,8 +133,8 @@ torch::Tensor swiglu(const torch::Tensor& gate_up) {
 std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>> attend(
     const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::vector<int64_t>& starts,
     const std::vector<int64_t>& stops, const std::vector<std::optional<torch::Tensor>>& past_keys,
-    const std::vector<std::optional<torch::Tensor>>& past_values, const std::vector<std::optional<torch::Tensor>>& masks,
-    const std::vector<bool>& causal, double scale) {
+    const std::vector<std::optional<torch::Tensor>>& past_values,
+    const std::vector<std::optional<torch::Tensor>>& masks, const std::vector<bool>& causal, double scale) {
   auto heads_first = [](const torch::Tensor& t) { return t.transpose(0, 1).unsqueeze(0); };  // [1, heads, Q, D]
   auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
   auto out = torch::empty_like(q);

@@ -46,7 +46,7 @@ class LeanModel:
     head_dim: int  # D
     eps: float
     causal: bool  # False: new tokens see each other both ways (bidirectional drafters)
-    ops: Ops  # the norms, rotary and SwiGLU between the matmuls
+    ops: Ops  # the norms, rotary, SwiGLU and attention between the matmuls
 
     @property
     def device(self) -> torch.device:

@@ -15,18 +15,16 @@ from services.common.packed_attention import Segment
 
 
 class Ops(Protocol):
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """x [N, H] over its last dim, times weight [H]."""
         ...
 
-    def qk_norm_rotary(
-        self, qk: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float
-    ) -> torch.Tensor:
+    def qk_norm_rotary(self, qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
         """qk [T, heads, D], each head normed by its row of weight [heads, D] (where the model has q/k norms), then
         rotated by cos, sin [T, 1, D] (rotary_tables at the tokens' positions) -> [T, heads, D]."""
         ...
 
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def swiglu(self, gate_up: Tensor) -> Tensor:
         """gate_up [T, 2I] -> [T, I]."""
         ...
 
