@@ -17,6 +17,7 @@ import torch
 from services.common.config import EngineConfig
 from services.common.contract import FILTER_MODELS
 from services.common.flops import forward_flops
+from services.common.lean_ops import TORCH_OPS
 from services.common.models import LoadedModel, ModelMeta
 from services.common.packed_attention import Segment, extend
 from services.filter.host import FilterHost
@@ -64,6 +65,7 @@ class ScriptedLM:
         # one-hot embeddings: hidden.argmax(-1) gives the ids back, also under iteration smoothing's mix-in
         self.embedding = torch.eye(VOCAB)
         self.layers = 1
+        self.ops = TORCH_OPS  # the scripted probabilities read back as torch computes them
         self.inputs: list[int] = []  # tokens through the model, per forward
         self.calls: list[tuple[torch.Tensor, list[Segment]]] = []  # (input ids [1, Q], segments) per forward
         self.positions: list[tuple[list[int], list[int]]] = []  # (input positions, positions in the cache) per forward

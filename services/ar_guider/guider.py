@@ -14,7 +14,7 @@ from services.common.batch import Item, forward
 from services.common.kv import truncate
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import Verdict, never_mask, token_logprobs
+from services.common.proposal import TORCH_MATHS, LogitMaths, Verdict, never_mask, token_logprobs
 from services.common.request import Request
 from services.common.sampling import SamplingParams, choose
 
@@ -56,9 +56,13 @@ class Guider:
         return Item(cache.kv, new, list(range(past, past + len(new))), len(new), wanted=wanted)
 
     def forward_batch(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
-        """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M."""
-        logits = forward(self.decoder, [self.item(*call) for call in calls])
-        return [never_mask(out, req.mask_id) for out, (req, _, _) in zip(logits, calls, strict=True)]
+        """calls: (req, start, draft [M]) -> logits [M + 1, V] for generation positions start .. start + M, the mask
+        token banned."""
+        return [never_mask(out, req.mask_id) for out, (req, _, _) in zip(self.logits(calls), calls, strict=True)]
+
+    def logits(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
+        """forward_batch's logits, the mask token not banned."""
+        return forward(self.decoder, [self.item(*call) for call in calls])
 
     def lookahead_batch(self, calls: list[tuple[Request, int, int]]) -> list[tuple[torch.Tensor, int]]:
         """calls: (req, start, k) -> the guider's greedy tokens [<= k] from start, as it decodes alone (ARPropose),
@@ -78,24 +82,33 @@ class Guider:
 
     def verify_batch(self, calls: list[tuple[Request, int, torch.Tensor, int]]) -> list[Verdict]:
         """calls: (req, start, draft [M], top_k) -> the guider's verdict on each draft, in one forward."""
-        logits = self.forward_batch([call[:3] for call in calls])
+        logits = self.logits([call[:3] for call in calls])
         return [
-            verdict(start, draft, out[: len(draft)], top_k, req.sampling.logprobs)
+            verdict(start, draft, out[: len(draft)], top_k, req.sampling.logprobs, req.mask_id, self.decoder.ops)
             for (req, start, draft, top_k), out in zip(calls, logits, strict=True)
         ]
 
 
-def verdict(start: int, draft: torch.Tensor, logits: torch.Tensor, top_k: int, top_n: int | None) -> Verdict:
-    """logits [M, V] predicting each draft position -> the guider's verdict on draft [M]; with top_n, the logprobs
-    of the drafts and of the guider's own choices (top_n alternatives each), not the whole distribution."""
-    probs = torch.softmax(logits, -1).cpu()
-    target_probs, target = probs.max(-1)
-    draft_probs = probs.gather(-1, draft[:, None]).squeeze(-1)
+def verdict(
+    start: int,
+    draft: torch.Tensor,
+    logits: torch.Tensor,
+    top_k: int,
+    top_n: int | None,
+    mask_id: int,
+    maths: LogitMaths = TORCH_MATHS,
+) -> Verdict:
+    """logits [M, V] predicting each draft position, the mask token not yet banned -> the guider's verdict on draft
+    [M]; with top_n, the logprobs of the drafts and of the guider's own choices (top_n alternatives each), not the
+    whole distribution."""
+    target, target_probs, draft_probs = (t.cpu() for t in maths.verdict_stats(logits, draft, mask_id))
     positions = torch.arange(start, start + len(draft))
-    topk = target[:, None] if top_k == 1 else probs.topk(top_k, -1).indices  # the top 1 is the first maximum
+    topk = target[:, None]  # the top 1 is the first maximum
+    if top_k > 1:
+        topk = torch.softmax(never_mask(logits, mask_id), -1).topk(top_k, -1).indices.cpu()
     out = Verdict(positions, draft, target, topk, draft_probs, target_probs)
     if top_n is not None:
-        logp = torch.log_softmax(logits.float(), -1)
+        logp = torch.log_softmax(never_mask(logits, mask_id).float(), -1)
         out.logprobs = token_logprobs(logp, draft, top_n, verified=True)
         out.target_logprobs = logp.max(-1).values.cpu()
     return out

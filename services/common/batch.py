@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from services.common import flops
 from services.common.kv import cache_len
+from services.common.lean_ops import Ops
 from services.common.packed_attention import Segment
 
 
@@ -24,6 +25,7 @@ class Decoder(Protocol):
 
     embedding: torch.Tensor  # [V, H] input embeddings
     causal: bool
+    ops: Ops  # what the hosts read of its logits with (proposal.LogitMaths), as the decoder's own ops
 
     @property
     def device(self) -> torch.device: ...

@@ -4,12 +4,16 @@
 // weights have pushed out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not
 // depend on the batch or on the threads (a request decoded among others gets the tokens it gets alone). Attention
 // keeps torch's SDPA calls and only moves their loop here. tests/common/test_cpu_kernels.py checks each kernel against
-// its torch form.
+// its torch form. logit_stats does the maths over a forward's logits that the proposals and the verdicts read.
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <utility>
 
 namespace {
 
@@ -38,6 +42,37 @@ void check_float(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat, name, " must be a float32 CPU tensor");
 }
 
+
+// The first j in [begin, end) with r[j] == value, else end.
+int64_t first_equal(const float* r, int64_t begin, int64_t end, float value) {
+  int64_t j = begin;
+  for (; j + Vec::size() <= end; j += Vec::size()) {
+    int differ = (Vec::loadu(r + j) == Vec(value)).zero_mask();  // a bit per lane that is not equal
+    if (~differ & ((1 << Vec::size()) - 1)) return j + __builtin_ctz(~differ);
+  }
+  while (j < end && r[j] != value) ++j;
+  return j;
+}
+
+// The sum of e = exp(x - top) and of e (x - top) over r[begin, end): softmax's denominator and entropy's numerator,
+// each term where e is 0 left out (a banned -inf logit: 0 * -inf is nan, as torch's nansum leaves it out).
+std::pair<float, float> exp_sums(const float* r, int64_t begin, int64_t end, float top) {
+  Vec sum(0.f), weighted(0.f), shift(top), zero(0.f);
+  int64_t j = begin;
+  for (; j + Vec::size() <= end; j += Vec::size()) {
+    Vec d = Vec::loadu(r + j) - shift, e = d.exp();
+    sum = sum + e;
+    weighted = weighted + Vec::blendv(e * d, zero, e == zero);
+  }
+  auto add = [](Vec& a, Vec& b) { return a + b; };
+  float s = at::vec::vec_reduce_all<float>(add, sum), w = at::vec::vec_reduce_all<float>(add, weighted);
+  for (; j < end; ++j) {
+    float d = r[j] - top, e = std::exp(d);
+    s += e;
+    if (e != 0.f) w += e * d;
+  }
+  return {s, w};
+}
 }  // namespace
 
 // x [N, D], weight [D] -> x * rsqrt(mean(x^2) + eps) * weight, [N, D].
@@ -155,9 +190,59 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>
   return {out.flatten(1), keys, values};
 }
 
+// logits [N, V], each row contiguous, the mask token's column (mask_id; none where < 0) left out as never_mask bans
+// it; picks [N], a token a row (or none) -> each row's first maximum [N] (int64), its probability [N], the pick's
+// probability [N] (0 for the mask token; empty without picks) and the entropy -sum p log p of the row's softmax p [N]:
+// what a proposal and a verdict read of the distribution, in two passes over the row where torch's softmax, gathers
+// and entropy make about ten (within float rounding of them, not bit for bit).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> logit_stats(
+    const torch::Tensor& logits, int64_t mask_id, const std::optional<torch::Tensor>& picks) {
+  check_float(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1 && logits.size(1) > 0,
+              "logits must be [N, V] with V > 0 and each row contiguous");
+  int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
+  TORCH_CHECK(mask_id < vocab && !(mask_id == 0 && vocab == 1), "mask_id ", mask_id, " leaves no token of ", vocab);
+  torch::Tensor pick;
+  if (picks.has_value()) {
+    pick = picks->contiguous();
+    TORCH_CHECK(pick.device().is_cpu() && pick.scalar_type() == torch::kLong && pick.numel() == rows,
+                "picks must be [", rows, "] int64 on the CPU");
+    TORCH_CHECK(rows == 0 || (pick.min().item<int64_t>() >= 0 && pick.max().item<int64_t>() < vocab),
+                "picks must be token ids below ", vocab);
+  }
+  auto options = logits.options();
+  auto first = torch::empty({rows}, options.dtype(torch::kLong));
+  auto first_prob = torch::empty({rows}, options), entropy = torch::empty({rows}, options);
+  auto pick_prob = torch::empty({pick.defined() ? rows : 0}, options);
+  const float* xp = logits.data_ptr<float>();
+  const int64_t* kp = pick.defined() ? pick.data_ptr<int64_t>() : nullptr;
+  int64_t* fp = first.data_ptr<int64_t>();
+  float *fpp = first_prob.data_ptr<float>(), *ppp = pick_prob.data_ptr<float>(), *ep = entropy.data_ptr<float>();
+  // the row in at most two ranges around the banned column
+  int64_t cut = mask_id < 0 ? vocab : mask_id, resume = mask_id < 0 ? vocab : mask_id + 1;
+  auto maximum = [](Vec& a, Vec& b) { return at::vec::maximum(a, b); };
+  for_each(rows, 4, [&](int64_t i) {
+    const float* r = xp + i * stride;
+    float top = -std::numeric_limits<float>::infinity();
+    if (cut > 0) top = at::vec::reduce_all<float>(maximum, r, cut);
+    if (resume < vocab) top = std::max(top, at::vec::reduce_all<float>(maximum, r + resume, vocab - resume));
+    int64_t at = first_equal(r, 0, cut, top);
+    if (at == cut) at = first_equal(r, resume, vocab, top);  // vocab: a row of NaN
+    auto [s1, w1] = exp_sums(r, 0, cut, top);
+    auto [s2, w2] = exp_sums(r, resume, vocab, top);
+    float sum = s1 + s2;
+    fp[i] = at;
+    fpp[i] = 1.f / sum;  // exp(top - top) / sum, as softmax computes it
+    if (kp != nullptr) ppp[i] = kp[i] == mask_id ? 0.f : std::exp(r[kp[i]] - top) / sum;
+    ep[i] = std::log(sum) - (w1 + w2) / sum;  // -sum p (d - log sum), p = e / sum, d = x - top
+  });
+  return {first, first_prob, pick_prob, entropy};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim with a [D] weight");
   m.def("qk_norm_rotary", &qk_norm_rotary, "per-head RMSNorm (optional), then rotary");
   m.def("swiglu", &swiglu, "silu(gate) * up");
   m.def("attend", &attend, "a packed row's attention, segment by segment");
+  m.def("logit_stats", &logit_stats, "each row's first maximum, its and a pick's probability, and entropy");
 }

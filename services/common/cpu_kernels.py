@@ -1,6 +1,7 @@
 """The lean decoder's fused CPU kernels (cpu_kernels.cpp): its ops (lean_ops.Ops) for float32 on the CPU, where each
-torch op is a pass over a cold activation and the norms alone are eight ops each. Built with torch's C++ extension
-toolchain on first use, for the instruction set torch itself dispatches to on this CPU, and cached
+torch op is a pass over a cold activation and the norms alone are eight ops each; and the proposals' and verdicts'
+maths over its logits (proposal.LogitMaths), one kernel for what torch does in about ten ops. Built with torch's C++
+extension toolchain on first use, for the instruction set torch itself dispatches to on this CPU, and cached
 (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions). `python -m services.common.cpu_kernels` builds them ahead
 (make setup). Without a C++ compiler, or with engine.cpu_kernels false, the decoder runs torch's ops.
 """
@@ -91,6 +92,14 @@ class CpuKernels:
         for seg, k, v in zip(segments, keys, values, strict=True):
             keep(seg, layer, k, v)
         return out
+
+    def proposal_stats(self, logits: Tensor, ids: Tensor | None, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        first, first_prob, picked, entropy = self.kernels.logit_stats(logits, mask_id, ids)
+        return (first, first_prob, entropy) if ids is None else (ids, picked, entropy)
+
+    def verdict_stats(self, logits: Tensor, draft: Tensor, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        first, first_prob, drafted, _ = self.kernels.logit_stats(logits, mask_id, draft)
+        return first, first_prob, drafted
 
 
 def ops_for(device: torch.device, dtype: torch.dtype, fused: bool = True) -> Ops:

@@ -1,8 +1,8 @@
 """The tensor ops of the lean decoder (lean_model.py), each equal element for element to what transformers' Qwen3 /
 Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py).
 
-`Ops` is what the decoder calls between its matmuls: these torch ops (TORCH_OPS), or on the CPU in float32 the same
-maths as fused kernels (cpu_kernels.py)."""
+`Ops` is what the decoder calls between its matmuls, and what its callers read of its logits (proposal.LogitMaths):
+these torch ops (TORCH_OPS), or on the CPU in float32 the same maths as fused kernels (cpu_kernels.py)."""
 
 from typing import Protocol
 
@@ -12,9 +12,10 @@ from torch import Tensor
 
 from services.common import packed_attention
 from services.common.packed_attention import Segment
+from services.common.proposal import LogitMaths, TorchLogitMaths
 
 
-class Ops(Protocol):
+class Ops(LogitMaths, Protocol):
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """x [N, H] over its last dim, times weight [H]."""
         ...
@@ -67,7 +68,7 @@ def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, t
     return cos, torch.cat([-sin[:, :half], sin[:, half:]], -1)
 
 
-class TorchOps:
+class TorchOps(TorchLogitMaths):
     """Ops as the functions above: any device and dtype."""
 
     rms_norm = staticmethod(rms_norm)

@@ -1,8 +1,10 @@
 """What flows between the stages of a round: a drafter's proposal, a verifier's verdict, a gate's decision."""
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from services.common.sampling import SamplingParams, choose
 
@@ -58,7 +60,7 @@ class Proposal:
     ids: torch.Tensor  # [N] chosen tokens
     probs: torch.Tensor  # [N] probability of the chosen token (confidence)
     entropy: torch.Tensor  # [N]
-    logits: torch.Tensor | None  # [N, V]; None where it crossed a hop without a gate that needs it
+    logits: torch.Tensor | None  # [N, V], the mask token not banned; None where it crossed a hop to a gate not using it
     logprobs: TokenLogprobs | None = None  # the drafter's, when the request asks
 
 
@@ -91,16 +93,57 @@ def never_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
 
 
+class LogitMaths(Protocol):
+    """What a proposal and a verdict read of a model's distributions, the mask token banned (never_mask): torch's
+    ops (TORCH_MATHS), or in float32 on the CPU one fused pass a row (cpu_kernels.CpuKernels), chosen with the
+    decoder's other ops (lean_ops.Ops)."""
+
+    def proposal_stats(self, logits: Tensor, ids: Tensor | None, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        """logits [N, V], the chosen ids [N] (None: each row's first maximum) -> the ids, their probabilities and
+        each row's entropy, [N] each."""
+        ...
+
+    def verdict_stats(self, logits: Tensor, draft: Tensor, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        """logits [M, V], draft [M] -> each row's first maximum, its probability and the draft's, [M] each."""
+        ...
+
+
+class TorchLogitMaths:
+    """LogitMaths as torch ops: any device and dtype."""
+
+    @staticmethod
+    def proposal_stats(logits: Tensor, ids: Tensor | None, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        logits = never_mask(logits, mask_id)
+        ids = logits.max(-1).indices if ids is None else ids  # choose's greedy pick
+        logp = torch.log_softmax(logits, -1)
+        entropy = -(logp.exp() * logp).nansum(-1)  # 0 * -inf at the masked token: nan, skipped
+        return ids, logp.gather(-1, ids[:, None]).squeeze(-1).exp(), entropy
+
+    @staticmethod
+    def verdict_stats(logits: Tensor, draft: Tensor, mask_id: int) -> tuple[Tensor, Tensor, Tensor]:
+        probs = torch.softmax(never_mask(logits, mask_id), -1)
+        top, target = probs.max(-1)
+        return target, top, probs.gather(-1, draft[:, None]).squeeze(-1)
+
+
+TORCH_MATHS = TorchLogitMaths()
+
+
 def propose_from_logits(
-    positions: torch.Tensor, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, mask_id: int
+    positions: torch.Tensor,
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    mask_id: int,
+    maths: LogitMaths = TORCH_MATHS,
 ) -> Proposal:
-    logits = never_mask(logits.float(), mask_id)
-    ids = choose(logits, sampling, generator)
-    logp = torch.log_softmax(logits, -1)
-    probs = logp.gather(-1, ids[:, None]).squeeze(-1).exp()
-    entropy = -(logp.exp() * logp).nansum(-1)  # 0 * -inf at the masked token: nan, skipped
+    logits = logits.float()
+    chosen = None if sampling.greedy else choose(never_mask(logits, mask_id), sampling, generator)
+    ids, probs, entropy = maths.proposal_stats(logits, chosen, mask_id)
     top_n = sampling.logprobs
-    logprobs = token_logprobs(logp, ids, top_n, verified=False) if top_n is not None else None
+    logprobs = None
+    if top_n is not None:
+        logprobs = token_logprobs(torch.log_softmax(never_mask(logits, mask_id), -1), ids, top_n, verified=False)
     return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu(), logprobs)
 
 

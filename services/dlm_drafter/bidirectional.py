@@ -116,7 +116,9 @@ class BidirectionalDrafter:
             state.last_probs = torch.softmax(logits, -1)
         state.step += 1
         state.forwards += 1
-        proposal = propose_from_logits(masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id)
+        proposal = propose_from_logits(
+            masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id, self.decoder.ops
+        )
         return proposal, tokens
 
     def span(self, call: BidirectionalCall, P: int, end: int) -> tuple[int, int]:

@@ -138,7 +138,9 @@ class CausalDrafter:
             rows = logits[len(logits) - len(masked) :]  # [len(masked), V]: the masks stand last
             if head is not None:
                 rows = torch.cat([logits[head - item.wanted.start][None], rows[1:]])
-            proposals.append(propose_from_logits(masked, rows, req.sampling, req.generator, req.mask_id))
+            proposals.append(
+                propose_from_logits(masked, rows, req.sampling, req.generator, req.mask_id, self.decoder.ops)
+            )
         return list(zip(proposals, processed, strict=True))
 
     def propose_after_batch(
@@ -174,7 +176,9 @@ class CausalDrafter:
                 if ar_head:
                     rows = torch.cat([logits[row + n - 1][None], rows[1:]])
                 generator = None if req.sampling.greedy else torch.Generator().set_state(req.generator.get_state())
-                proposals.append(propose_from_logits(masked, rows, req.sampling, generator, req.mask_id))
+                proposals.append(
+                    propose_from_logits(masked, rows, req.sampling, generator, req.mask_id, self.decoder.ops)
+                )
                 states.append(None if generator is None else generator.get_state())
                 row += n + len(masked)
             out.append((proposals, None if req.sampling.greedy else torch.stack(states), tokens))

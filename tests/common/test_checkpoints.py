@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from services.common import checkpoints
 from services.common.config import EngineConfig
 from services.common.models import load_meta, load_model, make_bidirectional
-from services.common.proposal import Region, never_mask
+from services.common.proposal import Region
 from services.common.request import Request
 from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter, new_cache
 from services.orchestrator.engine.engine import Engine
@@ -396,7 +396,7 @@ def test_dream_shift_is_honoured(ckpt):
     proposal = propose(BidirectionalDrafter(loaded), req, region, new_cache(), "none")
     seq = torch.tensor(req.prompt_ids + req.tokens.tolist())[None]
     with torch.no_grad():
-        full = never_mask(loaded.model(input_ids=seq).logits[0].float(), loaded.mask_id)
+        full = loaded.model(input_ids=seq).logits[0].float()  # a proposal keeps them as the model gave them
     P, masked = req.prompt_len, proposal.positions
     assert masked.tolist() == [8, 9, 10, 11, 12, 14, 15]
     torch.testing.assert_close(proposal.logits, full[P + masked - 1], atol=1e-5, rtol=0)

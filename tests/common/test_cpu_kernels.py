@@ -1,6 +1,8 @@
 """The fused CPU kernels (services/common/cpu_kernels.cpp) compute what the lean decoder's torch ops compute
 (lean_ops.TORCH_OPS): the norms within float rounding (the sum of squares in another order), SwiGLU bit for bit (the
-same vectorised exp), attention bit for bit with the same cache writes (the same SDPA, its loop in C++). Each row's
+same vectorised exp), attention bit for bit with the same cache writes (the same SDPA, its loop in C++), and the
+proposals' and verdicts' maths over the logits with the same tokens and the probabilities within float rounding. Each
+row's
 result is the same whatever rows stand beside it, and the decoder takes them only for float32 on the CPU. The engine
 decodes the same tokens with them as without (tests/common/test_lean_model.py checks the logits against
 transformers)."""
@@ -16,6 +18,7 @@ from services.common.config import EngineConfig
 from services.common.lean_ops import TORCH_OPS, rotary_tables
 from services.common.packed_attention import Segment
 from services.common.params import BENCH_PROMPTS
+from services.common.sampling import SamplingParams
 from services.common.threads import intra_op_threads
 from services.orchestrator.engine.engine import Engine
 
@@ -99,6 +102,42 @@ def test_attend_is_the_torch_ops_bit_for_bit_with_the_same_cache_writes(kernels)
                 assert torch.equal(cache.layers[0].values, reference.layers[0].values)
 
 
+def logits_with_traps(vocab: int, mask_id: int) -> torch.Tensor:
+    """[40, vocab]: rows where the mask token's logit is the largest, banned tokens (-inf), a tie for the maximum
+    (the first one counts) and a flat row."""
+    torch.manual_seed(3)
+    logits = torch.randn(40, vocab) * 4
+    logits[:10, mask_id] = 30.0
+    logits[10:20, vocab // 3 :: 5] = float("-inf")
+    logits[20, [7, 9]] = 50.0
+    logits[21] = 0.0
+    return logits
+
+
+@pytest.mark.parametrize(("vocab", "mask_id"), [(4096, 1), (4096, 0), (4103, 4102), (4096, -1)])
+def test_the_logit_maths_are_the_torch_ops(kernels, vocab, mask_id):
+    """What a proposal and a verdict read (proposal.LogitMaths): the same tokens, their probabilities and the
+    entropies within float rounding, over vocabularies with a scalar tail, with or without a mask token."""
+    logits = logits_with_traps(vocab, mask_id if mask_id >= 0 else 0)
+    ids, probs, entropy = kernels.proposal_stats(logits, None, mask_id)
+    want_ids, want_probs, want_entropy = TORCH_OPS.proposal_stats(logits, None, mask_id)
+    assert torch.equal(ids, want_ids) and ids[20] == 7
+    torch.testing.assert_close(probs, want_probs, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(entropy, want_entropy, rtol=1e-5, atol=1e-5)
+    sampled = torch.randint(2, vocab, (40,))  # a sampled request's tokens, chosen before
+    assert torch.equal(kernels.proposal_stats(logits, sampled, mask_id)[0], sampled)
+    torch.testing.assert_close(
+        kernels.proposal_stats(logits, sampled, mask_id)[1], TORCH_OPS.proposal_stats(logits, sampled, mask_id)[1]
+    )
+    draft = sampled.clone()
+    draft[5] = max(mask_id, 0)  # a banned draft: no probability (a model without a mask token bans none)
+    target, top, drafted = kernels.verdict_stats(logits, draft, mask_id)
+    want_target, want_top, want_drafted = TORCH_OPS.verdict_stats(logits, draft, mask_id)
+    assert torch.equal(target, want_target)
+    torch.testing.assert_close(top, want_top, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(drafted, want_drafted, rtol=1e-5, atol=1e-7)
+
+
 def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
     """600 rows run on every thread, 3 rows on one: the same bits for the same rows (batch invariance)."""
     torch.manual_seed(2)
@@ -106,6 +145,10 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
     assert torch.equal(kernels.rms_norm(x, weight, EPS)[:3], kernels.rms_norm(x[:3], weight, EPS))
     gate_up = torch.randn(600, 1536)
     assert torch.equal(kernels.swiglu(gate_up)[:3], kernels.swiglu(gate_up[:3]))
+    logits, picks = torch.randn(600, 4096), torch.randint(2, 4096, (600,))
+    whole, alone = kernels.kernels.logit_stats(logits, 1, picks), kernels.kernels.logit_stats(logits[:3], 1, picks[:3])
+    for many, three in zip(whole, alone, strict=True):
+        assert torch.equal(many[:3], three)
 
 
 def test_a_kernel_keeps_the_torch_threads_of_the_thread_it_runs_on(kernels):
@@ -127,6 +170,12 @@ def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
         kernels.rms_norm(torch.randn(3, 256, dtype=torch.bfloat16), torch.rand(256), EPS)
     with pytest.raises(RuntimeError, match=r"weight must be \[256\]"):
         kernels.rms_norm(torch.randn(3, 256), torch.rand(128), EPS)
+    with pytest.raises(RuntimeError, match="logits must be a float32 CPU tensor"):
+        kernels.proposal_stats(torch.randn(3, 256, dtype=torch.float64), None, 1)
+    with pytest.raises(RuntimeError, match="mask_id 256 leaves no token of 256"):
+        kernels.proposal_stats(torch.randn(3, 256), None, 256)
+    with pytest.raises(RuntimeError, match="picks must be token ids below 256"):
+        kernels.verdict_stats(torch.randn(3, 256), torch.tensor([4, 256, 5]), 1)
 
 
 def test_the_decoder_takes_the_kernels_for_float32_on_the_cpu_only(kernels):
@@ -137,12 +186,13 @@ def test_the_decoder_takes_the_kernels_for_float32_on_the_cpu_only(kernels):
     assert cpu_kernels.ops_for(torch.device("cuda"), torch.float32) is TORCH_OPS
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("strategy", ["pipeline", "ar"])
-def test_the_engine_decodes_the_same_tokens_with_the_kernels(kernels, strategy):
-    """The shipped models, greedy, four bench prompts at once: engine.cpu_kernels on and off give the same tokens."""
-    outputs = {}
+def test_the_engine_decodes_the_same_tokens_with_the_kernels(kernels, strategy, temperature):
+    """The shipped models, four bench prompts at once: engine.cpu_kernels on and off give the same tokens."""
+    outputs, sampling = {}, SamplingParams(temperature=temperature, seed=7)
     for fused in (True, False):
         engine = Engine(EngineConfig.from_yaml(cpu_kernels=fused, strategy=strategy, max_new_tokens=32))
         assert isinstance(engine.executor.load("drafter").decoder.ops, cpu_kernels.CpuKernels) == fused
-        outputs[fused] = [out.token_ids for out in engine.generate(list(BENCH_PROMPTS[:4]))]
+        outputs[fused] = [out.token_ids for out in engine.generate(list(BENCH_PROMPTS[:4]), sampling=sampling)]
     assert outputs[True] == outputs[False]

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from services.common.kv_manager import KVManager
 from services.common.models import load_model
-from services.common.proposal import Region, never_mask
+from services.common.proposal import Region
 from services.common.request import Request
 from services.common.sampling import SamplingParams
 from services.dlm_drafter.causal import CausalDrafter
@@ -99,16 +99,13 @@ def test_ar_head_drafts_the_first_mask_from_the_clean_token_before_it(tiny_zoo):
     req = make_request(loaded)
     req.decide(torch.arange(3), torch.tensor([40, 41, 42]))
     req.commit([0, 1, 2])
-    region, mask_id = Region(3, 9), loaded.mask_id
-    masks = torch.full((6,), loaded.mask_id)
-    uncached = never_mask(uncached_logits(CausalDrafter(loaded, KVManager()), req, masks, torch.arange(3, 9)), mask_id)
+    region, masks = Region(3, 9), torch.full((6,), loaded.mask_id)
+    uncached = uncached_logits(CausalDrafter(loaded, KVManager()), req, masks, torch.arange(3, 9))
     drafter = CausalDrafter(loaded, KVManager())
     ((head, _),) = drafter.propose_batch([(req, region, True)])
     P = req.prompt_len
     seq = torch.tensor(req.prompt_ids + [40, 41, 42])[None]
-    last = never_mask(
-        drafter.loaded.model(input_ids=seq, position_ids=torch.arange(P + 3)[None]).logits[0, -1].float(), mask_id
-    )
+    last = drafter.loaded.model(input_ids=seq, position_ids=torch.arange(P + 3)[None]).logits[0, -1].float()
     torch.testing.assert_close(head.logits[0], last, atol=1e-4, rtol=0)
     torch.testing.assert_close(head.logits[1:], uncached[1:], atol=1e-4, rtol=0)
     ((again, tokens),) = drafter.propose_batch([(req, region, True)])  # the commits are cached now

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, token_logprobs
+from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, never_mask, token_logprobs
 from services.common.request import Request
 from services.common.sampling import choose
 
@@ -81,14 +81,14 @@ class Credit:
         self.threshold, self.beta, self.gamma, self.alpha = Schedule(threshold, decay), beta, gamma, alpha
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict | None) -> Decision:
-        vocab = proposal.logits.shape[-1]
-        credit = block_state(req, "credit", region, lambda: torch.zeros(region.end - region.start, vocab))
+        logits = never_mask(proposal.logits, req.mask_id)  # [N, V]
+        credit = block_state(req, "credit", region, lambda: torch.zeros(region.end - region.start, logits.shape[-1]))
         rows = proposal.positions - region.start
-        probs = torch.softmax(proposal.logits, -1)  # [N, V]
+        probs = torch.softmax(logits, -1)  # [N, V]
         top_p, top = probs.max(-1)
         credit[rows] *= self.beta
         credit[rows, top] += top_p**self.gamma
-        fused_logits = proposal.logits + self.alpha * torch.log1p(credit[rows])
+        fused_logits = logits + self.alpha * torch.log1p(credit[rows])
         fused = torch.softmax(fused_logits, -1)
         ids = choose(fused_logits, req.sampling, req.generator)  # B.2 replaces the distribution, not the sampling
         conf = fused.gather(-1, ids[:, None]).squeeze(-1)

@@ -136,9 +136,22 @@ class CreditReference:
         return torch.softmax(logits + self.alpha * torch.log(1 + c), -1)
 
 
+RAW_MASK_LOGIT = 4.0  # above every token's in these tests: a gate that did not ban the mask token would choose it
+
+
+def drafted(logits: torch.Tensor) -> torch.Tensor:
+    """A drafter's logits [N, V] over these tokens -> [N, V + 1], the mask token's column (id V) last, unbanned."""
+    return torch.cat([logits, torch.full((len(logits), 1), RAW_MASK_LOGIT)], -1)
+
+
+def credit_request(vocab: int, n: int = 32, sampling: SamplingParams | None = None) -> Request:
+    """A request whose mask token is the column drafted() appends to a vocabulary of `vocab`."""
+    return Request("r", [5, 6, 7], n, vocab, EOS, sampling or SamplingParams())
+
+
 def test_credit_matches_the_reference_round_by_round():
     vocab, params = 6, (0.8, 0.5, 1.5)
-    gate, ref, req, region = Credit(0.9, *params), CreditReference(vocab, *params), request(), Region(0, 4)
+    gate, ref, req, region = Credit(0.9, *params), CreditReference(vocab, *params), credit_request(vocab), Region(0, 4)
     base = torch.tensor(
         [
             [3.0, 1.0, 0.5, 0.0, 0.0, 0.0],  # a steady favourite below the threshold: credit lifts it
@@ -152,7 +165,7 @@ def test_credit_matches_the_reference_round_by_round():
         logits = base[remaining]
         probs = torch.softmax(logits, -1)
         conf, ids = probs.max(-1)
-        prop = Proposal(torch.tensor(remaining), ids, conf, torch.zeros(len(remaining)), logits)
+        prop = Proposal(torch.tensor(remaining), ids, conf, torch.zeros(len(remaining)), drafted(logits))
         decision = gate(req, region, prop, None)
         fused = torch.stack([ref.fused(p, z) for p, z in zip(remaining, logits, strict=True)])
         f_conf, f_ids = fused.max(-1)
@@ -168,19 +181,22 @@ def test_credit_matches_the_reference_round_by_round():
 
 def test_credit_fusion_lifts_steady_tokens_over_the_threshold():
     logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]] * 3)  # raw confidence 0.71 at each of three positions
-    prop = Proposal(torch.arange(3), torch.zeros(3, dtype=torch.long), torch.full((3,), 0.71), torch.zeros(3), logits)
-    assert decided(Credit(0.8, 0.7, 0.5, 1.0)(request(), Region(0, 4), prop, None)) == [0, 1, 2]  # fused: 0.82
-    assert len(Credit(0.85, 0.7, 0.5, 1.0)(request(), Region(0, 4), prop, None).positions) == 1
+    prop = Proposal(
+        torch.arange(3), torch.zeros(3, dtype=torch.long), torch.full((3,), 0.71), torch.zeros(3), drafted(logits)
+    )
+    assert decided(Credit(0.8, 0.7, 0.5, 1.0)(credit_request(4), Region(0, 4), prop, None)) == [0, 1, 2]  # fused: 0.82
+    assert len(Credit(0.85, 0.7, 0.5, 1.0)(credit_request(4), Region(0, 4), prop, None).positions) == 1
 
 
 def test_credit_decays_by_beta():
     """beta 0.5: the pair of steady tokens needs three rounds to clear 0.85 (dividing by beta would take two)."""
-    gate, ref, req, region = Credit(0.85, 0.5, 0.5, 1.0), CreditReference(4, 0.5, 0.5, 1.0), request(), Region(0, 4)
+    gate, ref, region = Credit(0.85, 0.5, 0.5, 1.0), CreditReference(4, 0.5, 0.5, 1.0), Region(0, 4)
+    req = credit_request(4)
     logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]] * 2)
     counts = []
     for _ in range(3):
         prop = Proposal(
-            torch.arange(2), torch.zeros(2, dtype=torch.long), torch.full((2,), 0.71), torch.zeros(2), logits
+            torch.arange(2), torch.zeros(2, dtype=torch.long), torch.full((2,), 0.71), torch.zeros(2), drafted(logits)
         )
         counts.append(len(gate(req, region, prop, None).positions))
         fused = ref.fused(0, logits[0]).max()
@@ -188,24 +204,27 @@ def test_credit_decays_by_beta():
 
 
 def test_credit_keeps_the_token_with_history_over_a_new_favourite():
-    gate, req, region = Credit(0.99, 0.9, 0.5, 2.0), request(), Region(0, 2)
+    gate, req, region = Credit(0.99, 0.9, 0.5, 2.0), credit_request(5), Region(0, 2)
     steady = torch.tensor([[1.5, 0.0, 0.0, 0.0, 0.0]])
     for _ in range(4):
         gate(
             req,
             region,
-            Proposal(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.5]), torch.zeros(1), steady),
+            Proposal(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.5]), torch.zeros(1), drafted(steady)),
             None,
         )
     flip = torch.tensor([[1.5, 1.6, 0.0, 0.0, 0.0]])  # token 1 now slightly ahead on raw logits
     decision = gate(
-        req, region, Proposal(torch.tensor([0]), torch.tensor([1]), torch.tensor([0.4]), torch.zeros(1), flip), None
+        req,
+        region,
+        Proposal(torch.tensor([0]), torch.tensor([1]), torch.tensor([0.4]), torch.zeros(1), drafted(flip)),
+        None,
     )
     assert decision.ids.tolist() == [0]
 
 
 def test_credit_accumulates_within_a_block_and_resets_in_the_next():
-    gate, req = Credit(0.85, 0.7, 0.5, 1.0), request()
+    gate, req = Credit(0.85, 0.7, 0.5, 1.0), credit_request(4)
 
     def decide(start: int) -> list[int]:
         logits = torch.tensor([[2.0, 0.0, 0.0, 0.0]] * 2)  # fused 0.82 in a block's first round, 0.857 in its second
@@ -214,7 +233,7 @@ def test_credit_accumulates_within_a_block_and_resets_in_the_next():
             torch.zeros(2, dtype=torch.long),
             torch.full((2,), 0.71),
             torch.zeros(2),
-            logits,
+            drafted(logits),
         )
         return decided(gate(req, Region(start, start + 4), prop, None))
 
@@ -229,12 +248,13 @@ def test_credit_samples_from_the_fused_distribution_when_not_greedy():
     logits = torch.tensor([[1.0, 0.8, 0.6, 0.4, 0.2]] * 4)
     differs = False
     for seed in range(8):
-        req = Request("r", [5, 6, 7], 8, MASK, EOS, SamplingParams(temperature=0.7, seed=seed))
-        prop = Proposal(torch.arange(4), logits.argmax(-1), torch.full((4,), 0.3), torch.zeros(4), logits)
+        req = credit_request(5, 8, SamplingParams(temperature=0.7, seed=seed))
+        prop = Proposal(torch.arange(4), logits.argmax(-1), torch.full((4,), 0.3), torch.zeros(4), drafted(logits))
         decision = Credit(0.0, 0.7, 0.5, 1.0)(req, Region(0, 8), prop, None)
         fused = torch.stack([CreditReference(5, 0.7, 0.5, 1.0).fused(p, z) for p, z in enumerate(logits)])
         generator = torch.Generator().manual_seed(seed)
-        sampled = torch.multinomial(torch.softmax(fused.log() / 0.7, -1), 1, generator=generator).squeeze(-1)
+        fused_mask = torch.cat([fused, torch.zeros(4, 1)], -1)  # the mask token's probability: none
+        sampled = torch.multinomial(torch.softmax(fused_mask.log() / 0.7, -1), 1, generator=generator).squeeze(-1)
         assert decision.ids.tolist() == sampled.tolist()
         differs |= sampled.tolist() != fused.argmax(-1).tolist()
     assert differs  # the test would see an argmax
