@@ -152,7 +152,9 @@ def level(engine: Engine, concurrency: int, requests: int, activities: list, syn
 
 
 def main(config_path: str) -> None:
-    engine = Engine(EngineConfig.from_yaml(config_path))
+    # torch's ops: the calls the profiler records and the floor replays (the CPU kernels are no aten ops; on a GPU
+    # the decoder runs torch's anyway)
+    engine = Engine(EngineConfig.from_yaml(config_path, cpu_kernels=False))
     engine.executor.worker = Inline()
     intra_op_threads(engine.config.threads or DEFAULT_THREADS)  # the forwards now run here, as on the worker
     cuda = engine.config.device.startswith("cuda")

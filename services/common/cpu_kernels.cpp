@@ -73,6 +73,47 @@ std::pair<float, float> exp_sums(const float* r, int64_t begin, int64_t end, flo
   }
   return {s, w};
 }
+
+// A linear's weight in panels (pack_linear): kPanel columns of W^T at a time, each panel [K, kPanel] row-major and
+// contiguous, so that a panel streams in once and stays in L2 while every row of x runs over it.
+constexpr int kPanelVecs = 4;
+constexpr int64_t kPanel = kPanelVecs * Vec::size();
+constexpr int kTileRows = 6;  // 6 rows x 4 vectors: 24 accumulators, of the 32 vector registers AVX-512 has
+
+// out[r, :cols] = x[r, :] . panel (+ bias) for rows r < R: R x NV vector accumulators over k, each a sum in k's order.
+template <int R, int NV>
+void tile(const float* x, int64_t k, const float* panel, const float* bias, float* out, int64_t ldo) {
+  Vec acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = bias ? Vec::loadu(bias + j * Vec::size()) : Vec(0.f);
+  for (int64_t p = 0; p < k; ++p) {
+    Vec w[NV];
+    for (int j = 0; j < NV; ++j) w[j] = Vec::loadu(panel + (p * NV + j) * Vec::size());
+    for (int i = 0; i < R; ++i) {
+      Vec a(x[i * k + p]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = at::vec::fmadd(a, w[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j].store(out + i * ldo + j * Vec::size());
+}
+
+// Every row of x [M, K] over one panel of NV vectors' width.
+template <int NV>
+void panel_rows(const float* x, int64_t m, int64_t k, const float* panel, const float* bias, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows) tile<kTileRows, NV>(x + i * k, k, panel, bias, out + i * n, n);
+  const float *xi = x + i * k;
+  float* oi = out + i * n;
+  switch (m - i) {
+    case 5: tile<5, NV>(xi, k, panel, bias, oi, n); break;
+    case 4: tile<4, NV>(xi, k, panel, bias, oi, n); break;
+    case 3: tile<3, NV>(xi, k, panel, bias, oi, n); break;
+    case 2: tile<2, NV>(xi, k, panel, bias, oi, n); break;
+    case 1: tile<1, NV>(xi, k, panel, bias, oi, n); break;
+    default: break;
+  }
+}
 }  // namespace
 
 // x [N, D], weight [D] -> x * rsqrt(mean(x^2) + eps) * weight, [N, D].
@@ -239,10 +280,66 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> logit_sta
   return {first, first_prob, pick_prob, entropy};
 }
 
+// w [N, K], N a multiple of the vector width -> its panels, [N * K]: panel q holds columns [q kPanel, q kPanel + w_q)
+// of W^T as [K, w_q] (w_q = kPanel, or what is left for the last), one after another.
+torch::Tensor pack_linear(const torch::Tensor& weight) {
+  check_float(weight, "weight");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % Vec::size() == 0,
+              "weight must be [N, K] with N a multiple of ", Vec::size());
+  int64_t n = weight.size(0), k = weight.size(1);
+  auto wt = weight.t().contiguous();  // [K, N]
+  auto out = torch::empty({n * k}, weight.options());
+  const float* src = wt.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t c = 0; c < n; c += kPanel) {
+    int64_t cols = std::min(kPanel, n - c);
+    for (int64_t p = 0; p < k; ++p) std::copy(src + p * n + c, src + p * n + c + cols, dst + c * k + p * cols);
+  }
+  return out;
+}
+
+// x [M, K], a linear's panels (pack_linear of its [N, K] weight), bias [N] or none -> x W^T + bias, [M, N]: the panels
+// split over the calling thread's OpenMP team, every row over each. Each output is one sum in k's order, whatever M
+// (a row's result does not depend on the rows beside it), within float rounding of torch's linear.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t n,
+                     const std::optional<torch::Tensor>& bias) {
+  check_float(x, "x");
+  check_float(panels, "panels");
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
+  auto in = x.contiguous();
+  int64_t m = in.size(0), k = in.size(1);
+  TORCH_CHECK(panels.is_contiguous() && panels.numel() == n * k && n % Vec::size() == 0,
+              "panels must be pack_linear's of a [", n, ", ", k, "] weight");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    check_float(*bias, "bias");
+    TORCH_CHECK(bias->numel() == n && bias->is_contiguous(), "bias must be [", n, "]");
+    bp = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({m, n}, in.options());
+  const float *xp = in.data_ptr<float>(), *wp = panels.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for_each((n + kPanel - 1) / kPanel, 1, [&](int64_t q) {
+    int64_t c = q * kPanel;
+    const float *panel = wp + c * k, *b = bp ? bp + c : nullptr;
+    switch (std::min(kPanel, n - c) / Vec::size()) {
+      case 4: panel_rows<4>(xp, m, k, panel, b, op + c, n); break;
+      case 3: panel_rows<3>(xp, m, k, panel, b, op + c, n); break;
+      case 2: panel_rows<2>(xp, m, k, panel, b, op + c, n); break;
+      case 1: panel_rows<1>(xp, m, k, panel, b, op + c, n); break;
+      default: break;
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim with a [D] weight");
   m.def("qk_norm_rotary", &qk_norm_rotary, "per-head RMSNorm (optional), then rotary");
   m.def("swiglu", &swiglu, "silu(gate) * up");
   m.def("attend", &attend, "a packed row's attention, segment by segment");
+  m.def("pack_linear", &pack_linear, "a linear's weight [N, K] in panels of W^T");
+  m.def("linear", &linear, "x W^T + bias over pack_linear's panels");
+  m.attr("lanes") = Vec::size();
   m.def("logit_stats", &logit_stats, "each row's first maximum, its and a pick's probability, and entropy");
 }

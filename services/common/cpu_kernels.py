@@ -11,9 +11,11 @@ import hashlib
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from services.common.kv import layer_kv
@@ -58,11 +60,34 @@ def checkout() -> str:
     return hashlib.sha1(SOURCE.encode()).hexdigest()[:8]
 
 
+@dataclass(frozen=True, slots=True)
+class Panels:
+    """A linear's weight [n, K] as the kernels' linear reads it: a copy in panels of W^T (cpu_kernels.cpp pack_linear),
+    each streamed in once a call and kept in L2 while every row runs over it."""
+
+    data: Tensor  # [n * K]
+    n: int
+
+    def numel(self) -> int:
+        return self.data.numel()
+
+
 class CpuKernels:
     """lean_ops.Ops on the compiled kernels: float32 CPU tensors only (ops_for)."""
 
     def __init__(self, kernels: ModuleType):
         self.kernels = kernels
+
+    def pack(self, weight: Tensor) -> Panels | Tensor:
+        """Panels where the kernel takes the weight (its rows a multiple of the vector width), else the weight."""
+        if weight.shape[0] % self.kernels.lanes:
+            return weight
+        return Panels(self.kernels.pack_linear(weight), weight.shape[0])
+
+    def linear(self, x: Tensor, weight: Panels | Tensor, bias: Tensor | None = None) -> Tensor:
+        if isinstance(weight, Panels):
+            return self.kernels.linear(x, weight.data, weight.n, bias)
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return self.kernels.rms_norm(x, weight, eps)

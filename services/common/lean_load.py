@@ -1,8 +1,9 @@
 """A loaded transformers Qwen3 / Qwen2 / Llama causal LM -> the lean decoder's weights (lean_model.py), once at load.
 
 The fused projections are one copy of the weights: the transformers modules' q/k/v and gate/up weights become views
-of them, so the model (kept for training-side evaluation and tests) costs no second copy. Everything else is the
-model's own tensors, on its device and in its dtype."""
+of them, so the model (kept for training-side evaluation and tests) costs no second copy under torch's ops. The CPU
+kernels read each linear's weight from a copy of their own (cpu_kernels.Panels: the model's size again). Everything
+else is the model's own tensors, on its device and in its dtype."""
 
 import torch
 from torch import nn
@@ -10,7 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM, Qw
 
 from services.common.cpu_kernels import ops_for
 from services.common.lean_model import Layer, LeanModel
-from services.common.lean_ops import rotary_tables
+from services.common.lean_ops import Ops, rotary_tables
 
 FAMILIES = (Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM)
 ROPE_BY_LENGTH = ("dynamic", "longrope")  # inverse frequencies that change with the sequence: no fixed table
@@ -23,11 +24,12 @@ def lean_model(model: PreTrainedModel, cpu_kernels: bool = True) -> LeanModel:
     base, cfg = model.base_model, model.config
     attn = base.layers[0].self_attn
     cos, sin = rotary_tables(*transformers_rotary(model))
+    ops = ops_for(base.embed_tokens.weight.device, base.embed_tokens.weight.dtype, cpu_kernels)
     return LeanModel(
         embedding=base.embed_tokens.weight,
-        layers=tuple(layer_of(decoder) for decoder in base.layers),
+        layers=tuple(layer_of(decoder, ops) for decoder in base.layers),
         norm=base.norm.weight,
-        head=model.get_output_embeddings().weight,
+        head=ops.pack(model.get_output_embeddings().weight),
         cos=cos,
         sin=sin,
         heads=cfg.num_attention_heads,
@@ -35,7 +37,7 @@ def lean_model(model: PreTrainedModel, cpu_kernels: bool = True) -> LeanModel:
         head_dim=attn.head_dim,
         eps=base.norm.variance_epsilon,
         causal=getattr(cfg, "is_causal", True),
-        ops=ops_for(base.embed_tokens.weight.device, base.embed_tokens.weight.dtype, cpu_kernels),
+        ops=ops,
     )
 
 
@@ -63,7 +65,7 @@ def transformers_rotary(model: PreTrainedModel) -> tuple[torch.Tensor, torch.Ten
     return cos[0], sin[0]
 
 
-def layer_of(decoder: nn.Module) -> Layer:
+def layer_of(decoder: nn.Module, ops: Ops) -> Layer:
     attn, mlp = decoder.self_attn, decoder.mlp
     qk_norm = None
     if hasattr(attn, "q_norm"):  # Qwen3: one weight per query head and per KV head, in qkv's order
@@ -71,14 +73,14 @@ def layer_of(decoder: nn.Module) -> Layer:
         qk_norm = torch.cat([attn.q_norm.weight.expand(heads, -1), attn.k_norm.weight.expand(kv_heads, -1)])
     return Layer(
         attn_norm=decoder.input_layernorm.weight,
-        qkv=fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+        qkv=ops.pack(fuse([attn.q_proj, attn.k_proj, attn.v_proj])),
         qkv_bias=fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias") if attn.q_proj.bias is not None else None,
         qk_norm=qk_norm,
-        o=attn.o_proj.weight,
+        o=ops.pack(attn.o_proj.weight),
         o_bias=attn.o_proj.bias,
         mlp_norm=decoder.post_attention_layernorm.weight,
-        gate_up=fuse([mlp.gate_proj, mlp.up_proj]),
-        down=mlp.down_proj.weight,
+        gate_up=ops.pack(fuse([mlp.gate_proj, mlp.up_proj])),
+        down=ops.pack(mlp.down_proj.weight),
     )
 
 

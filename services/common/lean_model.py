@@ -1,8 +1,8 @@
 """The hosts' decoder, in the spirit of nano-vllm's models/qwen3.py: a Qwen3 / Qwen2 / Llama causal LM's weights,
 read once at load (lean_load.py), fused where one matmul does the work of several (q, k and v; gate and up), and a
-forward of plain tensor ops over a packed row of tokens, attention per request (packed_attention.py). Between the
-matmuls it calls `ops` (lean_ops.Ops): torch's, or in float32 on the CPU fused kernels (cpu_kernels.py). No module
-stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, so its logits are
+forward of plain tensor ops over a packed row of tokens, attention per request (packed_attention.py). Its linears and
+what runs between them are `ops` (lean_ops.Ops): torch's, or in float32 on the CPU C++ kernels (cpu_kernels.py). No
+module stack, no kwargs, no mask built per layer. It computes what transformers' modules compute, so its logits are
 transformers' within float tolerance (tests/common/test_lean_model.py, test_lean_ops.py, test_lean_load.py,
 test_cpu_kernels.py).
 
@@ -13,24 +13,23 @@ vocabulary, P the positions the rotary tables cover.
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from services.common import flops
-from services.common.lean_ops import Ops
+from services.common.lean_ops import Ops, Weight
 from services.common.packed_attention import Segment
 
 
 @dataclass(frozen=True, slots=True)
 class Layer:
     attn_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj stacked
+    qkv: Weight  # [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj stacked; each linear's weight as ops.pack made it
     qkv_bias: torch.Tensor | None  # [(Hq + 2 Hkv) D] (Qwen2); None without
     qk_norm: torch.Tensor | None  # [Hq + Hkv, D]: q_norm's weight on each query head, k_norm's on each KV head (Qwen3)
-    o: torch.Tensor  # [H, Hq D]
+    o: Weight  # [H, Hq D]
     o_bias: torch.Tensor | None  # [H] (Llama with attention_bias)
     mlp_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
-    down: torch.Tensor  # [H, I]
+    gate_up: Weight  # [2 I, H]: gate_proj, up_proj stacked
+    down: Weight  # [H, I]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +37,7 @@ class LeanModel:
     embedding: torch.Tensor  # [V, H]
     layers: tuple[Layer, ...]
     norm: torch.Tensor  # [H], the final RMSNorm
-    head: torch.Tensor  # [V, H], the embedding itself when tied
+    head: Weight  # [V, H], the embedding itself when tied (under torch's ops)
     cos: torch.Tensor  # [P, D] rotary tables (lean_ops.rotary_tables)
     sin: torch.Tensor  # [P, D]
     heads: int  # Hq
@@ -46,7 +45,7 @@ class LeanModel:
     head_dim: int  # D
     eps: float
     causal: bool  # False: new tokens see each other both ways (bidirectional drafters)
-    ops: Ops  # the norms, rotary, SwiGLU and attention between the matmuls
+    ops: Ops  # the linears, and the norms, rotary, SwiGLU and attention between them
 
     @property
     def device(self) -> torch.device:
@@ -60,24 +59,24 @@ class LeanModel:
             x = self.ops.rms_norm(hidden, layer.attn_norm, self.eps)
             hidden = hidden + self.attention(layer, index, x, cos, sin, segments)
             x = self.ops.rms_norm(hidden, layer.mlp_norm, self.eps)
-            hidden = hidden + F.linear(self.ops.swiglu(F.linear(x, layer.gate_up)), layer.down)
+            hidden = hidden + self.ops.linear(self.ops.swiglu(self.ops.linear(x, layer.gate_up)), layer.down)
         return hidden
 
     def attention(
         self, layer: Layer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
         """x [Q, H], normed -> the attention block's output [Q, H]."""
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [Q, (Hq + 2 Hkv) D]
+        qkv = self.ops.linear(x, layer.qkv, layer.qkv_bias)  # [Q, (Hq + 2 Hkv) D]
         heads, d = self.heads + self.kv_heads, self.head_dim
         qk = qkv[:, : heads * d].unflatten(1, (heads, d))  # [Q, Hq + Hkv, D]: queries and keys, normed and rotated
         qk = self.ops.qk_norm_rotary(qk, layer.qk_norm, cos, sin, self.eps)  # together
         value = qkv[:, heads * d :].unflatten(1, (self.kv_heads, d))  # [Q, Hkv, D]
         out = self.ops.attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
-        return F.linear(out, layer.o, layer.o_bias)
+        return self.ops.linear(out, layer.o, layer.o_bias)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, H], rows of decode's output -> float32 logits [R, V]."""
-        return F.linear(self.ops.rms_norm(hidden, self.norm, self.eps), self.head).float()
+        return self.ops.linear(self.ops.rms_norm(hidden, self.norm, self.eps), self.head).float()
 
     def flops(self, tokens: int, attended: int, rows: int) -> int:
         linear = sum(w.numel() for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))

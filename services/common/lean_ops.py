@@ -1,7 +1,8 @@
 """The tensor ops of the lean decoder (lean_model.py), each equal element for element to what transformers' Qwen3 /
 Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py).
 
-`Ops` is what the decoder calls between its matmuls, and what its callers read of its logits (proposal.LogitMaths):
+`Ops` is what the decoder computes with, its linears and what runs between them, and what its callers read of its
+logits (proposal.LogitMaths):
 these torch ops (TORCH_OPS), or on the CPU in float32 the same maths as fused kernels (cpu_kernels.py)."""
 
 from typing import Protocol
@@ -15,7 +16,21 @@ from services.common.packed_attention import Segment
 from services.common.proposal import LogitMaths, TorchLogitMaths
 
 
+class Weight(Protocol):
+    """A linear's weight as Ops.pack made it: the [N, K] tensor itself (torch's ops), or the kernels' panels."""
+
+    def numel(self) -> int: ...
+
+
 class Ops(LogitMaths, Protocol):
+    def pack(self, weight: Tensor) -> Weight:
+        """A linear's weight [N, K], once at load -> the form linear() reads."""
+        ...
+
+    def linear(self, x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
+        """x [M, K] -> x W^T + bias, [M, N]."""
+        ...
+
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """x [N, H] over its last dim, times weight [H]."""
         ...
@@ -73,6 +88,15 @@ class TorchOps(TorchLogitMaths):
 
     rms_norm = staticmethod(rms_norm)
     swiglu = staticmethod(swiglu)
+
+    @staticmethod
+    def pack(weight: Tensor) -> Tensor:
+        return weight
+
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        return F.linear(x, weight, bias)  # looked up at each call, where a profiler's hook meets it
+
     attend = staticmethod(packed_attention.attend)
 
     @staticmethod

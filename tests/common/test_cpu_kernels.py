@@ -1,5 +1,5 @@
 """The fused CPU kernels (services/common/cpu_kernels.cpp) compute what the lean decoder's torch ops compute
-(lean_ops.TORCH_OPS): the norms within float rounding (the sum of squares in another order), SwiGLU bit for bit (the
+(lean_ops.TORCH_OPS): the linears and norms within float rounding (their sums in another order), SwiGLU bit for bit (the
 same vectorised exp), attention bit for bit with the same cache writes (the same SDPA, its loop in C++), and the
 proposals' and verdicts' maths over the logits with the same tokens and the probabilities within float rounding. Each
 row's
@@ -102,6 +102,25 @@ def test_attend_is_the_torch_ops_bit_for_bit_with_the_same_cache_writes(kernels)
                 assert torch.equal(cache.layers[0].values, reference.layers[0].values)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 26, 400])
+@pytest.mark.parametrize(("out", "width"), [(1536, 256), (80, 100)], ids=["gate_up", "narrow-last-panel"])
+def test_the_linear_is_torch_s(kernels, rows, out, width):
+    """Over the panels (a last one narrower than the others where out is not a multiple of 64), with and without a
+    bias, at row counts around the 6-row tiles."""
+    torch.manual_seed(4)
+    x, weight, bias = torch.randn(rows, width), torch.randn(out, width) / width**0.5, torch.randn(out)
+    packed = kernels.pack(weight)
+    assert isinstance(packed, cpu_kernels.Panels) and packed.numel() == weight.numel()
+    torch.testing.assert_close(kernels.linear(x, packed), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.linear(x, packed, bias), torch.nn.functional.linear(x, weight, bias))
+
+
+def test_a_weight_the_kernel_does_not_take_stays_torch_s(kernels):
+    weight, x = torch.randn(70, 32), torch.randn(3, 32)  # 70 rows: not a multiple of the vector width
+    assert kernels.pack(weight) is weight
+    assert torch.equal(kernels.linear(x, weight), torch.nn.functional.linear(x, weight))
+
+
 def logits_with_traps(vocab: int, mask_id: int) -> torch.Tensor:
     """[40, vocab]: rows where the mask token's logit is the largest, banned tokens (-inf), a tie for the maximum
     (the first one counts) and a flat row."""
@@ -145,6 +164,8 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
     assert torch.equal(kernels.rms_norm(x, weight, EPS)[:3], kernels.rms_norm(x[:3], weight, EPS))
     gate_up = torch.randn(600, 1536)
     assert torch.equal(kernels.swiglu(gate_up)[:3], kernels.swiglu(gate_up[:3]))
+    panels = kernels.pack(torch.randn(1536, 256))
+    assert torch.equal(kernels.linear(x, panels)[:3], kernels.linear(x[:3], panels))
     logits, picks = torch.randn(600, 4096), torch.randint(2, 4096, (600,))
     whole, alone = kernels.kernels.logit_stats(logits, 1, picks), kernels.kernels.logit_stats(logits[:3], 1, picks[:3])
     for many, three in zip(whole, alone, strict=True):
@@ -174,6 +195,10 @@ def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
         kernels.proposal_stats(torch.randn(3, 256, dtype=torch.float64), None, 1)
     with pytest.raises(RuntimeError, match="mask_id 256 leaves no token of 256"):
         kernels.proposal_stats(torch.randn(3, 256), None, 256)
+    with pytest.raises(RuntimeError, match=r"panels must be pack_linear's of a \[64, 32\] weight"):
+        kernels.kernels.linear(torch.randn(3, 32), torch.randn(64 * 31), 64, None)
+    with pytest.raises(RuntimeError, match=r"bias must be \[64\]"):
+        kernels.kernels.linear(torch.randn(3, 32), torch.randn(64 * 32), 64, torch.randn(63))
     with pytest.raises(RuntimeError, match="picks must be token ids below 256"):
         kernels.verdict_stats(torch.randn(3, 256), torch.tensor([4, 256, 5]), 1)
 
