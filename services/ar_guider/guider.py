@@ -103,12 +103,13 @@ def verdict(
     whole distribution."""
     target, target_probs, draft_probs = (t.cpu() for t in maths.verdict_stats(logits, draft, mask_id))
     positions = torch.arange(start, start + len(draft))
+    banned = never_mask(logits, mask_id) if top_k > 1 or top_n is not None else None  # where read whole
     topk = target[:, None]  # the top 1 is the first maximum
     if top_k > 1:
-        topk = torch.softmax(never_mask(logits, mask_id), -1).topk(top_k, -1).indices.cpu()
+        topk = torch.softmax(banned, -1).topk(top_k, -1).indices.cpu()
     out = Verdict(positions, draft, target, topk, draft_probs, target_probs)
     if top_n is not None:
-        logp = torch.log_softmax(never_mask(logits, mask_id).float(), -1)
+        logp = torch.log_softmax(banned.float(), -1)
         out.logprobs = token_logprobs(logp, draft, top_n, verified=True)
         out.target_logprobs = logp.max(-1).values.cpu()
     return out

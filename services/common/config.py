@@ -157,7 +157,7 @@ class EngineConfig:
     models: dict[str, str] = field(default_factory=dict)  # role -> local directory
     device: str = "cpu"
     dtype: str = "float32"
-    cpu_kernels: bool = True  # float32 on the CPU: the decoder's norms, rotary, SwiGLU and attention as C++ kernels
+    cpu_kernels: bool = True  # float32 on the CPU: the decoder's linears, norms, attention and logit maths in C++
     chat_template: bool = True  # wrap prompts with the tokenizer's chat template when it has one
     threads: int | None = None  # torch intra-op threads of in-process forwards; None: torch's default (one per core)
     strategy: str = "pipeline"

@@ -1,10 +1,11 @@
-// The lean decoder's ops between its matmuls (lean_ops.Ops) as float32 CPU kernels, built by cpu_kernels.py. The
-// norms, rotary and SwiGLU are fused, each reading its input once and writing its output once: torch's F.rms_norm is
-// eight ops on the CPU (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's
-// weights have pushed out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not
-// depend on the batch or on the threads (a request decoded among others gets the tokens it gets alone). Attention
-// keeps torch's SDPA calls and only moves their loop here. tests/common/test_cpu_kernels.py checks each kernel against
-// its torch form. logit_stats does the maths over a forward's logits that the proposals and the verdicts read.
+// The lean decoder's ops (lean_ops.Ops) as float32 CPU kernels, built by cpu_kernels.py. The linears run over a
+// copy of each weight packed at load (pack_linear), each panel streamed once a call. The norms, rotary and SwiGLU
+// are fused, each reading its input once and writing its output once: torch's F.rms_norm is eight ops on the CPU
+// (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's weights have pushed
+// out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not depend on the batch or
+// on the threads (a request decoded among others gets the tokens it gets alone). Attention keeps torch's SDPA calls
+// and only moves their loop here. logit_stats does the maths over a forward's logits that the proposals and the
+// verdicts read. tests/common/test_cpu_kernels.py checks each kernel against its torch form.
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
@@ -248,7 +249,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> logit_sta
     pick = picks->contiguous();
     TORCH_CHECK(pick.device().is_cpu() && pick.scalar_type() == torch::kLong && pick.numel() == rows,
                 "picks must be [", rows, "] int64 on the CPU");
-    TORCH_CHECK(rows == 0 || (pick.min().item<int64_t>() >= 0 && pick.max().item<int64_t>() < vocab),
+    const int64_t* ids = pick.data_ptr<int64_t>();
+    TORCH_CHECK(std::all_of(ids, ids + rows, [&](int64_t id) { return 0 <= id && id < vocab; }),
                 "picks must be token ids below ", vocab);
   }
   auto options = logits.options();

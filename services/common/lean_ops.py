@@ -2,8 +2,8 @@
 Qwen2 / Llama modules compute, in fewer ops: checked bit for bit in fp32 (tests/common/test_lean_ops.py).
 
 `Ops` is what the decoder computes with, its linears and what runs between them, and what its callers read of its
-logits (proposal.LogitMaths):
-these torch ops (TORCH_OPS), or on the CPU in float32 the same maths as fused kernels (cpu_kernels.py)."""
+logits (proposal.LogitMaths): these torch ops (TORCH_OPS), or on the CPU in float32 the same maths as C++ kernels
+(cpu_kernels.py)."""
 
 from typing import Protocol
 
@@ -88,6 +88,7 @@ class TorchOps(TorchLogitMaths):
 
     rms_norm = staticmethod(rms_norm)
     swiglu = staticmethod(swiglu)
+    attend = staticmethod(packed_attention.attend)
 
     @staticmethod
     def pack(weight: Tensor) -> Tensor:
@@ -96,8 +97,6 @@ class TorchOps(TorchLogitMaths):
     @staticmethod
     def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         return F.linear(x, weight, bias)  # looked up at each call, where a profiler's hook meets it
-
-    attend = staticmethod(packed_attention.attend)
 
     @staticmethod
     def qk_norm_rotary(qk: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:

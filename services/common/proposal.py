@@ -138,12 +138,13 @@ def propose_from_logits(
     maths: LogitMaths = TORCH_MATHS,
 ) -> Proposal:
     logits = logits.float()
-    chosen = None if sampling.greedy else choose(never_mask(logits, mask_id), sampling, generator)
-    ids, probs, entropy = maths.proposal_stats(logits, chosen, mask_id)
     top_n = sampling.logprobs
+    banned = never_mask(logits, mask_id) if not sampling.greedy or top_n is not None else None  # where read whole
+    chosen = None if sampling.greedy else choose(banned, sampling, generator)
+    ids, probs, entropy = maths.proposal_stats(logits, chosen, mask_id)
     logprobs = None
     if top_n is not None:
-        logprobs = token_logprobs(torch.log_softmax(never_mask(logits, mask_id), -1), ids, top_n, verified=False)
+        logprobs = token_logprobs(torch.log_softmax(banned, -1), ids, top_n, verified=False)
     return Proposal(positions.cpu(), ids.cpu(), probs.cpu(), entropy.cpu(), logits.cpu(), logprobs)
 
 
