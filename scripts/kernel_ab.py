@@ -1,9 +1,9 @@
-"""What one of the C++ kernels (cpu_kernels.cpp) saves a `pipeline` decode here, against torch's ops for the same
-maths, with every other kernel on in both: --kernel linear (the linears over packed panels, against F.linear on the
-weights as loaded) or logit_maths (a proposal's and a verdict's probabilities, entropies and argmax, against
-proposal.TorchLogitMaths). One engine, the arms taking turns (ABBA) so that the box's drift falls on both; each turn
-decodes --prompts bench prompts, --concurrency at a time. Prints each arm's tok/s, the median of the turns' time
-ratios, and whether the arms decoded the same tokens.
+"""What one of the C++ kernels (cpu_kernels.cpp) saves a `pipeline` decode here, against torch's ops for the same maths,
+with every other kernel on in both: --kernel linear (the linears over packed panels, against F.linear on the weights as
+loaded), attention (against packed_attention.attend's SDPA per segment) or logit_maths (a proposal's and a verdict's
+probabilities, entropies and argmax, against proposal.TorchLogitMaths). One engine, the arms taking turns (ABBA) so
+that the box's drift falls on both; each turn decodes --prompts bench prompts, --concurrency at a time. Prints each
+arm's tok/s, the median of the turns' time ratios, and whether the arms decoded the same tokens.
 `PYTHONPATH=. python scripts/kernel_ab.py --kernel linear [CONFIG] [--turns 12] [--prompts 16] [--concurrency 1]`
 
 On the 2-core box (2026-11-29, 12 turns): logit_maths, torch's took 1.028-1.05x the kernel's time at c=1 (two runs),
@@ -28,6 +28,10 @@ class TorchLogits(CpuKernels):
     verdict_stats = staticmethod(TorchLogitMaths.verdict_stats)
 
 
+class TorchAttention(CpuKernels):
+    attend = staticmethod(TorchOps.attend)
+
+
 class TorchLinears(CpuKernels):
     pack = staticmethod(TorchOps.pack)
     linear = staticmethod(TorchOps.linear)
@@ -37,6 +41,8 @@ def torch_arm(kernel: str, decoder: LeanModel, model) -> dict:
     """The decoder's fields with torch's ops for the kernel under test."""
     if kernel == "logit_maths":
         return {"ops": TorchLogits(decoder.ops.kernels)}
+    if kernel == "attention":
+        return {"ops": TorchAttention(decoder.ops.kernels)}
     loaded = lean_model(model, cpu_kernels=False)  # the weights as loaded
     return {"ops": TorchLinears(decoder.ops.kernels), "layers": loaded.layers, "head": loaded.head}
 
@@ -44,7 +50,7 @@ def torch_arm(kernel: str, decoder: LeanModel, model) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
-    parser.add_argument("--kernel", choices=("linear", "logit_maths"), required=True)
+    parser.add_argument("--kernel", choices=("linear", "attention", "logit_maths"), required=True)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=1)

@@ -11,7 +11,7 @@ from tests.zoo import needs_zoo
 
 
 @needs_zoo
-@pytest.mark.parametrize("kernel", ["linear", "logit_maths"])
+@pytest.mark.parametrize("kernel", ["linear", "attention", "logit_maths"])
 def test_it_times_the_kernel_against_torch_s_ops_on_the_same_tokens(kernel):
     if cpu_kernels.build() is None:
         pytest.skip("no C++ toolchain here: the decoder runs torch's ops")

@@ -3,9 +3,9 @@
 // are fused, each reading its input once and writing its output once: torch's F.rms_norm is eight ops on the CPU
 // (pow, sum, div, add, rsqrt, two muls, a copy), each a pass over an activation that a layer's weights have pushed
 // out of L2 by then (scripts/cold_reads.py). Rows are independent, so a row's result does not depend on the batch or
-// on the threads (a request decoded among others gets the tokens it gets alone). Attention keeps torch's SDPA calls
-// and only moves their loop here. logit_stats does the maths over a forward's logits that the proposals and the
-// verdicts read. tests/common/test_cpu_kernels.py checks each kernel against its torch form.
+// on the threads (a request decoded among others gets the tokens it gets alone). Attention runs each segment's KV
+// heads as tasks of small matmuls on the linears' tiles. logit_stats does the maths over a forward's logits that the
+// proposals and the verdicts read. tests/common/test_cpu_kernels.py checks each kernel against its torch form.
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/extension.h>
@@ -14,7 +14,9 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -75,23 +77,28 @@ std::pair<float, float> exp_sums(const float* r, int64_t begin, int64_t end, flo
   return {s, w};
 }
 
+// n rounded up to a whole number of vectors.
+int64_t round_up(int64_t n) { return (n + Vec::size() - 1) / Vec::size() * Vec::size(); }
+
 // A linear's weight in panels (pack_linear): kPanel columns of W^T at a time, each panel [K, kPanel] row-major and
 // contiguous, so that a panel streams in once and stays in L2 while every row of x runs over it.
 constexpr int kPanelVecs = 4;
 constexpr int64_t kPanel = kPanelVecs * Vec::size();
 constexpr int kTileRows = 6;  // 6 rows x 4 vectors: 24 accumulators, of the 32 vector registers AVX-512 has
 
-// out[r, :cols] = x[r, :] . panel (+ bias) for rows r < R: R x NV vector accumulators over k, each a sum in k's order.
+// out[r, :NV vectors] = x[r, :k] . panel (+ bias) for rows r < R: R x NV vector accumulators over k, each a sum in
+// k's order. x's rows ldx apart, the panel's rows (NV vectors each) ldp apart, out's rows ldo apart.
 template <int R, int NV>
-void tile(const float* x, int64_t k, const float* panel, const float* bias, float* out, int64_t ldo) {
+void tile(const float* x, int64_t ldx, int64_t k, const float* panel, int64_t ldp, const float* bias, float* out,
+          int64_t ldo) {
   Vec acc[R][NV];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = bias ? Vec::loadu(bias + j * Vec::size()) : Vec(0.f);
   for (int64_t p = 0; p < k; ++p) {
     Vec w[NV];
-    for (int j = 0; j < NV; ++j) w[j] = Vec::loadu(panel + (p * NV + j) * Vec::size());
+    for (int j = 0; j < NV; ++j) w[j] = Vec::loadu(panel + p * ldp + j * Vec::size());
     for (int i = 0; i < R; ++i) {
-      Vec a(x[i * k + p]);
+      Vec a(x[i * ldx + p]);
       for (int j = 0; j < NV; ++j) acc[i][j] = at::vec::fmadd(a, w[j], acc[i][j]);
     }
   }
@@ -99,21 +106,73 @@ void tile(const float* x, int64_t k, const float* panel, const float* bias, floa
     for (int j = 0; j < NV; ++j) acc[i][j].store(out + i * ldo + j * Vec::size());
 }
 
-// Every row of x [M, K] over one panel of NV vectors' width.
+// Every row of x [M, k] over one panel of NV vectors' width, in tiles of kTileRows rows.
 template <int NV>
-void panel_rows(const float* x, int64_t m, int64_t k, const float* panel, const float* bias, float* out, int64_t n) {
+void panel_rows(const float* x, int64_t ldx, int64_t m, int64_t k, const float* panel, int64_t ldp, const float* bias,
+                float* out, int64_t ldo) {
   int64_t i = 0;
-  for (; i + kTileRows <= m; i += kTileRows) tile<kTileRows, NV>(x + i * k, k, panel, bias, out + i * n, n);
-  const float *xi = x + i * k;
-  float* oi = out + i * n;
+  for (; i + kTileRows <= m; i += kTileRows)
+    tile<kTileRows, NV>(x + i * ldx, ldx, k, panel, ldp, bias, out + i * ldo, ldo);
+  const float* xi = x + i * ldx;
+  float* oi = out + i * ldo;
   switch (m - i) {
-    case 5: tile<5, NV>(xi, k, panel, bias, oi, n); break;
-    case 4: tile<4, NV>(xi, k, panel, bias, oi, n); break;
-    case 3: tile<3, NV>(xi, k, panel, bias, oi, n); break;
-    case 2: tile<2, NV>(xi, k, panel, bias, oi, n); break;
-    case 1: tile<1, NV>(xi, k, panel, bias, oi, n); break;
+    case 5: tile<5, NV>(xi, ldx, k, panel, ldp, bias, oi, ldo); break;
+    case 4: tile<4, NV>(xi, ldx, k, panel, ldp, bias, oi, ldo); break;
+    case 3: tile<3, NV>(xi, ldx, k, panel, ldp, bias, oi, ldo); break;
+    case 2: tile<2, NV>(xi, ldx, k, panel, ldp, bias, oi, ldo); break;
+    case 1: tile<1, NV>(xi, ldx, k, panel, ldp, bias, oi, ldo); break;
     default: break;
   }
+}
+
+// out [M, cols] (rows ldo apart) = x [M, k] (rows ldx apart) . panel [k, cols] (rows ldp apart) + bias [cols] (or
+// none), for cols a multiple of the vector width up to kPanel.
+void over_panel(const float* x, int64_t ldx, int64_t m, int64_t k, const float* panel, int64_t ldp, int64_t cols,
+                const float* bias, float* out, int64_t ldo) {
+  switch (cols / Vec::size()) {
+    case 4: panel_rows<4>(x, ldx, m, k, panel, ldp, bias, out, ldo); break;
+    case 3: panel_rows<3>(x, ldx, m, k, panel, ldp, bias, out, ldo); break;
+    case 2: panel_rows<2>(x, ldx, m, k, panel, ldp, bias, out, ldo); break;
+    case 1: panel_rows<1>(x, ldx, m, k, panel, ldp, bias, out, ldo); break;
+    default: break;
+  }
+}
+
+// keys [n, D] (rows D apart) -> kt, their transpose [D, n] in panels as pack_linear lays out a weight: panel q holds
+// keys [q kPanel, q kPanel + w_q) as [D, w_q], w_q = kPanel but for the last (n rounded up to the vector width, from
+// q kPanel on: kt's columns past n are left as they were).
+void pack_keys(const float* keys, int64_t n, int64_t d, float* kt) {
+  for (int64_t c = 0; c < n; c += kPanel) {
+    int64_t cols = std::min(kPanel, round_up(n) - c);
+    at::vec::transpose_mxn<float>(keys + c * d, d, kt + c * d, cols, std::min(cols, n - c), d);
+  }
+}
+
+// A row's scores p[:n] -> its attention weights, in place: the softmax of p * scale + m (m none: + 0) over the keys
+// it sees, p[:seen], as SDPA scales and masks the scores, and zero past them; all zero where every key is masked. p
+// has room for seen rounded up to the vector width.
+void attention_weights(float* p, int64_t n, int64_t seen, const float* m, float scale) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  Vec tops(kNone), sums(0.f);
+  int64_t end = round_up(seen);
+  for (int64_t j = 0; j < end; j += Vec::size()) {
+    int64_t lanes = std::min<int64_t>(Vec::size(), seen - j);  // the last vector's lanes past seen: masked
+    Vec s = Vec::loadu(p + j, lanes) * Vec(scale);
+    if (m) s = s + Vec::loadu(m + j, lanes);
+    s = Vec::set(Vec(kNone), s, lanes);
+    s.store(p + j);
+    tops = at::vec::maximum(tops, s);
+  }
+  float top = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, tops);
+  if (top == kNone) end = 0;  // nothing to attend to
+  for (int64_t j = 0; j < end; j += Vec::size()) {
+    Vec e = (Vec::loadu(p + j) - Vec(top)).exp();  // 0 for a masked key
+    e.store(p + j);
+    sums = sums + e;
+  }
+  Vec sum(at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sums));
+  for (int64_t j = 0; j < end; j += Vec::size()) (Vec::loadu(p + j) / sum).store(p + j);
+  std::fill(p + end, p + std::max(end, n), 0.f);
 }
 }  // namespace
 
@@ -202,12 +261,12 @@ torch::Tensor swiglu(const torch::Tensor& gate_up) {
   return out;
 }
 
-// A packed row's attention (packed_attention.attend) with its loop over the segments here rather than in Python:
-// each segment's queries over its cached keys and values followed by its new ones, through ATen's SDPA (grouped-query
-// heads, no copy of the KV heads). q [Q, H, D], k, v [Q, Hkv, D]; per segment i: its rows [start_i, stop_i), past
-// keys and values [1, Hkv, L_i, D] (none before its first entry), its mask [q_i, L_i + q_i] (none: as causal_i says)
-// -> (out [Q, H D], per segment its keys and values [1, Hkv, L_i + q_i, D], the past's then the new tokens').
-std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>> attend(
+namespace {
+using Attended = std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>>;
+
+// attend() through ATen's SDPA, segment by segment (grouped-query heads, no copy of the KV heads): for the head
+// dimensions the kernel does not take.
+Attended attend_sdpa(
     const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const std::vector<int64_t>& starts,
     const std::vector<int64_t>& stops, const std::vector<std::optional<torch::Tensor>>& past_keys,
     const std::vector<std::optional<torch::Tensor>>& past_values,
@@ -229,6 +288,98 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>, std::vector<torch::Tensor>
     keys.push_back(key);
     values.push_back(value);
   }
+  return {out.flatten(1), keys, values};
+}
+}  // namespace
+
+
+// A packed row's attention (packed_attention.attend): each segment's queries over its cached keys and values followed
+// by its new ones. q [Q, H, D], k, v [Q, Hkv, D], each head's D contiguous; per segment i: its rows [start_i, stop_i),
+// past keys and values [1, Hkv, L_i, D] (none before its first entry), its mask [q_i, L_i + q_i] added to the scores
+// (none: as causal_i says) -> (out [Q, H D], per segment its keys and values [1, Hkv, L_i + q_i, D], the past's then
+// the new tokens'); causal_i only without a past. Each (segment, KV head) is one task: it writes its keys and values,
+// then for the query heads of its group computes scores = Q K^T over its keys transposed into panels, their softmax,
+// and out = P V, both products on the linears' register tiles (SDPA costs a dispatch, a concatenation and a kernel's
+// set-up per segment and layer, 2-3x this at a c=1 round's shapes: scripts/kernel_ab.py --kernel attention). Each
+// query row's result is its own sums in key order, whatever rows stand beside it; within float rounding of SDPA.
+Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                const std::vector<int64_t>& starts, const std::vector<int64_t>& stops,
+                const std::vector<std::optional<torch::Tensor>>& past_keys,
+                const std::vector<std::optional<torch::Tensor>>& past_values,
+                const std::vector<std::optional<torch::Tensor>>& masks, const std::vector<bool>& causal,
+                double scale) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    check_float(*t, name);
+    TORCH_CHECK(t->dim() == 3 && t->stride(2) == 1, name, " must be [Q, heads, D] with D contiguous");
+  }
+  int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads cannot share ", kv_heads, " KV heads");
+  if (d % Vec::size()) return attend_sdpa(q, k, v, starts, stops, past_keys, past_values, masks, causal, scale);
+  int64_t segments = starts.size(), groups = heads / kv_heads;
+  auto out = torch::empty({q.size(0), heads, d}, q.options());
+  std::vector<torch::Tensor> keys, values, mask_rows;
+  std::vector<int64_t> pasts;
+  for (int64_t i = 0; i < segments; ++i) {
+    int64_t past = past_keys[i].has_value() ? past_keys[i]->size(2) : 0, total = past + stops[i] - starts[i];
+    TORCH_CHECK(past_keys[i].has_value() == past_values[i].has_value(), "segment ", i, " has a past of one of keys "
+                "and values only");
+    TORCH_CHECK(!causal[i] || past == 0, "segment ", i, " is causal over a past: give its mask instead");
+    for (const auto& kv : {past_keys[i], past_values[i]})
+      if (kv.has_value()) {
+        check_float(*kv, "a past");
+        TORCH_CHECK(kv->dim() == 4 && kv->size(1) == kv_heads && kv->size(2) == past && kv->size(3) == d &&
+                        kv->stride(3) == 1, "a past must be [1, ", kv_heads, ", L, ", d, "]");
+      }
+    pasts.push_back(past);
+    keys.push_back(torch::empty({1, kv_heads, total, d}, q.options()));
+    values.push_back(torch::empty({1, kv_heads, total, d}, q.options()));
+    mask_rows.push_back(masks[i].has_value() ? masks[i]->contiguous() : torch::Tensor());
+    if (masks[i].has_value()) {
+      check_float(mask_rows[i], "a mask");
+      TORCH_CHECK(mask_rows[i].dim() == 2 && mask_rows[i].size(0) == stops[i] - starts[i] &&
+                      mask_rows[i].size(1) == total, "segment ", i, "'s mask must be [", stops[i] - starts[i], ", ",
+                  total, "]");
+    }
+  }
+  for_each(segments * kv_heads, 1, [&](int64_t task) {
+    int64_t i = task / kv_heads, g = task % kv_heads, start = starts[i], rows = stops[i] - start, past = pasts[i];
+    int64_t total = past + rows, width = round_up(total), group_rows = groups * rows;
+    float *kd = keys[i].data_ptr<float>() + g * total * d, *vd = values[i].data_ptr<float>() + g * total * d;
+    for (auto [from, new_rows, to] : {std::tuple{&past_keys[i], &k, kd}, {&past_values[i], &v, vd}}) {
+      if (from->has_value())
+        for (int64_t j = 0; j < past; ++j) {
+          const float* row = (*from)->data_ptr<float>() + g * (*from)->stride(1) + j * (*from)->stride(2);
+          std::copy(row, row + d, to + j * d);
+        }
+      for (int64_t t = 0; t < rows; ++t) {
+        const float* row = new_rows->data_ptr<float>() + (start + t) * new_rows->stride(0) + g * new_rows->stride(1);
+        std::copy(row, row + d, to + (past + t) * d);
+      }
+    }
+    // the group's query rows [G q_i, D], head by head; its keys in panels; the rows' scores, then weights [G q_i, n']
+    std::vector<float> queries(group_rows * d), kt(d * width), weights(group_rows * width);
+    for (int64_t r = 0; r < groups; ++r)
+      for (int64_t t = 0; t < rows; ++t) {
+        const float* row = q.data_ptr<float>() + (start + t) * q.stride(0) + (g * groups + r) * q.stride(1);
+        std::copy(row, row + d, queries.data() + (r * rows + t) * d);
+      }
+    pack_keys(kd, total, d, kt.data());
+    for (int64_t c = 0; c < width; c += kPanel) {
+      int64_t cols = std::min(kPanel, width - c);
+      over_panel(queries.data(), d, group_rows, d, kt.data() + c * d, cols, cols, nullptr, weights.data() + c, width);
+    }
+    const float* mask = mask_rows[i].defined() ? mask_rows[i].data_ptr<float>() : nullptr;
+    for (int64_t r = 0; r < groups; ++r)
+      for (int64_t t = 0; t < rows; ++t)  // the keys row t sees: [0, seen)
+        attention_weights(weights.data() + (r * rows + t) * width, total, causal[i] ? past + t + 1 : total,
+                          mask ? mask + t * total : nullptr, scale);
+    for (int64_t r = 0; r < groups; ++r) {  // head g G + r's rows of out, heads * D apart, over v's columns in panels
+      float* o = out.data_ptr<float>() + (start * heads + g * groups + r) * d;
+      for (int64_t c = 0; c < d; c += kPanel)
+        over_panel(weights.data() + r * rows * width, width, rows, total, vd + c, d, std::min(kPanel, d - c), nullptr,
+                   o + c, heads * d);
+    }
+  });
   return {out.flatten(1), keys, values};
 }
 
@@ -324,13 +475,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, int64_
   for_each((n + kPanel - 1) / kPanel, 1, [&](int64_t q) {
     int64_t c = q * kPanel;
     const float *panel = wp + c * k, *b = bp ? bp + c : nullptr;
-    switch (std::min(kPanel, n - c) / Vec::size()) {
-      case 4: panel_rows<4>(xp, m, k, panel, b, op + c, n); break;
-      case 3: panel_rows<3>(xp, m, k, panel, b, op + c, n); break;
-      case 2: panel_rows<2>(xp, m, k, panel, b, op + c, n); break;
-      case 1: panel_rows<1>(xp, m, k, panel, b, op + c, n); break;
-      default: break;
-    }
+    int64_t cols = std::min(kPanel, n - c);
+    over_panel(xp, k, m, k, panel, cols, cols, b, op + c, n);
   });
   return out;
 }

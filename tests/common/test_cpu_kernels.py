@@ -1,9 +1,8 @@
 """The fused CPU kernels (services/common/cpu_kernels.cpp) compute what the lean decoder's torch ops compute
-(lean_ops.TORCH_OPS): the linears and norms within float rounding (their sums in another order), SwiGLU bit for bit (the
-same vectorised exp), attention bit for bit with the same cache writes (the same SDPA, its loop in C++), and the
-proposals' and verdicts' maths over the logits with the same tokens and the probabilities within float rounding. Each
-row's
-result is the same whatever rows stand beside it, and the decoder takes them only for float32 on the CPU. The engine
+(lean_ops.TORCH_OPS): the linears, norms and attention within float rounding (their sums in another order; attention
+with the same cache writes), SwiGLU bit for bit (the same vectorised exp), and the proposals' and verdicts' maths over
+the logits with the same tokens and the probabilities within float rounding. Each row's result is the same whatever
+rows stand beside it, and the decoder takes them only for float32 on the CPU. The engine
 decodes the same tokens with them as without (tests/common/test_lean_model.py checks the logits against
 transformers)."""
 
@@ -72,29 +71,36 @@ def test_swiglu_is_the_torch_op_bit_for_bit(kernels, width):
     assert torch.equal(kernels.swiglu(gate_up), TORCH_OPS.swiglu(gate_up))
 
 
-def packed_row(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Segment]]:
-    """query [9, H, D], key, value [9, H_kv, D] and three segments: over a past with a mask, keep and rest; without a
-    past, plainly causal; over a past without a mask (every key)."""
+def packed_row(seed: int, d: int = D) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Segment]]:
+    """query [Q, H, d], key, value [Q, H_kv, d] and four segments: over a past with a mask, keep and rest; without a
+    past, plainly causal; over a past without a mask (every key); a window of 26 over a past of 100 with its mask
+    (a c=1 round's drafter: keys across two panels and a partial vector). The queries and keys are views into one
+    projection, as the decoder has them."""
     torch.manual_seed(seed)
     segments, row = [], 0
-    for past, n, keep, masked, causal in ((5, 3, 1, True, False), (0, 4, 4, False, True), (7, 2, 2, False, False)):
+    shapes = ((5, 3, 1, True, False), (0, 4, 4, False, True), (7, 2, 2, False, False), (100, 26, 26, True, False))
+    for past, n, keep, masked, causal in shapes:
         cache = DynamicCache()
         if past:
-            cache.update(torch.randn(1, KV_HEADS, past, D), torch.randn(1, KV_HEADS, past, D), 0)
+            cache.update(torch.randn(1, KV_HEADS, past, d), torch.randn(1, KV_HEADS, past, d), 0)
         mask = None
         if masked:
             seen = torch.cat([torch.ones(n, past, dtype=torch.bool), (torch.rand(n, n) > 0.4) | torch.eye(n).bool()], 1)
             mask = torch.zeros(seen.shape).masked_fill(~seen, float("-inf"))
         segments.append(Segment(cache, slice(row, row + n), mask, keep, DynamicCache() if masked else None, causal))
         row += n
-    return torch.randn(row, HEADS, D), torch.randn(row, KV_HEADS, D), torch.randn(row, KV_HEADS, D), segments
+    qkv = torch.randn(row, HEADS + 2 * KV_HEADS, d)
+    return qkv[:, :HEADS], qkv[:, HEADS : HEADS + KV_HEADS], qkv[:, HEADS + KV_HEADS :], segments
 
 
-def test_attend_is_the_torch_ops_bit_for_bit_with_the_same_cache_writes(kernels):
-    query, key, value, torch_segments = packed_row(3)
-    *_, kernel_segments = packed_row(3)
-    expected = TORCH_OPS.attend(query, key, value, torch_segments, 0, D**-0.5)
-    assert torch.equal(kernels.attend(query, key, value, kernel_segments, 0, D**-0.5), expected)
+@pytest.mark.parametrize("d", [64, 32, 24], ids=["drafter", "guider", "a-head-dim-off-the-vectors"])
+def test_attend_is_the_torch_ops_with_the_same_cache_writes(kernels, d):
+    """Each segment's rows as SDPA gives them, and each cache (and rest) given exactly the past and new entries."""
+    query, key, value, torch_segments = packed_row(3, d)
+    *_, kernel_segments = packed_row(3, d)
+    expected = TORCH_OPS.attend(query, key, value, torch_segments, 0, d**-0.5)
+    got = kernels.attend(query, key, value, kernel_segments, 0, d**-0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-6)
     for mine, theirs in zip(kernel_segments, torch_segments, strict=True):
         for cache, reference in ((mine.cache, theirs.cache), (mine.rest, theirs.rest)):
             if reference is not None:
@@ -158,7 +164,8 @@ def test_the_logit_maths_are_the_torch_ops(kernels, vocab, mask_id):
 
 
 def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
-    """600 rows run on every thread, 3 rows on one: the same bits for the same rows (batch invariance)."""
+    """600 rows run on every thread, 3 rows on one, a request's attention among three others and alone: the same bits
+    for the same rows (batch invariance)."""
     torch.manual_seed(2)
     x, weight = torch.randn(600, 256), torch.rand(256)
     assert torch.equal(kernels.rms_norm(x, weight, EPS)[:3], kernels.rms_norm(x[:3], weight, EPS))
@@ -166,6 +173,13 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(kernels):
     assert torch.equal(kernels.swiglu(gate_up)[:3], kernels.swiglu(gate_up[:3]))
     panels = kernels.pack(torch.randn(1536, 256))
     assert torch.equal(kernels.linear(x, panels)[:3], kernels.linear(x[:3], panels))
+    query, key, value, segments = packed_row(5)
+    whole = kernels.attend(query, key, value, segments, 0, D**-0.5)
+    *_, alone = packed_row(5)
+    window = alone[-1]
+    rows = slice(window.new.start, window.new.stop)
+    alone = [Segment(window.cache, slice(0, window.new.stop - window.new.start), window.mask, window.keep, window.rest)]
+    assert torch.equal(whole[rows], kernels.attend(query[rows], key[rows], value[rows], alone, 0, D**-0.5))
     logits, picks = torch.randn(600, 4096), torch.randint(2, 4096, (600,))
     whole, alone = kernels.kernels.logit_stats(logits, 1, picks), kernels.kernels.logit_stats(logits[:3], 1, picks[:3])
     for many, three in zip(whole, alone, strict=True):
@@ -199,6 +213,18 @@ def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
         kernels.kernels.linear(torch.randn(3, 32), torch.randn(64 * 31), 64, None)
     with pytest.raises(RuntimeError, match=r"bias must be \[64\]"):
         kernels.kernels.linear(torch.randn(3, 32), torch.randn(64 * 32), 64, torch.randn(63))
+    q, k, v, past = (
+        torch.randn(3, HEADS, D),
+        torch.randn(3, KV_HEADS, D),
+        torch.randn(3, KV_HEADS, D),
+        torch.randn(1, KV_HEADS, 5, D),
+    )
+    with pytest.raises(RuntimeError, match=r"segment 0's mask must be \[3, 8\]"):
+        kernels.kernels.attend(q, k, v, [0], [3], [past], [past], [torch.zeros(3, 7)], [False], 1.0)
+    with pytest.raises(RuntimeError, match="segment 0 is causal over a past: give its mask instead"):
+        kernels.kernels.attend(q, k, v, [0], [3], [past], [past], [None], [True], 1.0)
+    with pytest.raises(RuntimeError, match="segment 0 has a past of one of keys and values only"):
+        kernels.kernels.attend(q, k, v, [0], [3], [past], [None], [None], [False], 1.0)
     with pytest.raises(RuntimeError, match="picks must be token ids below 256"):
         kernels.verdict_stats(torch.randn(3, 256), torch.tensor([4, 256, 5]), 1)
 
