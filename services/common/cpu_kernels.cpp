@@ -314,12 +314,19 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   }
   int64_t heads = q.size(1), kv_heads = k.size(1), d = q.size(2);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads cannot share ", kv_heads, " KV heads");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == d, "k and v must be [", q.size(0),
+              ", Hkv, ", d, "], as q's tokens and head dim");
+  TORCH_CHECK(starts.size() == stops.size() && starts.size() == past_keys.size() &&
+                  starts.size() == past_values.size() && starts.size() == masks.size() && starts.size() == causal.size(),
+              "one start, stop, past, mask and causal flag a segment");
   if (d % Vec::size()) return attend_sdpa(q, k, v, starts, stops, past_keys, past_values, masks, causal, scale);
   int64_t segments = starts.size(), groups = heads / kv_heads;
   auto out = torch::empty({q.size(0), heads, d}, q.options());
   std::vector<torch::Tensor> keys, values, mask_rows;
   std::vector<int64_t> pasts;
   for (int64_t i = 0; i < segments; ++i) {
+    TORCH_CHECK(0 <= starts[i] && starts[i] <= stops[i] && stops[i] <= q.size(0), "segment ", i, "'s rows [",
+                starts[i], ", ", stops[i], ") are not within the ", q.size(0), " tokens");
     int64_t past = past_keys[i].has_value() ? past_keys[i]->size(2) : 0, total = past + stops[i] - starts[i];
     TORCH_CHECK(past_keys[i].has_value() == past_values[i].has_value(), "segment ", i, " has a past of one of keys "
                 "and values only");
@@ -327,7 +334,7 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
     for (const auto& kv : {past_keys[i], past_values[i]})
       if (kv.has_value()) {
         check_float(*kv, "a past");
-        TORCH_CHECK(kv->dim() == 4 && kv->size(1) == kv_heads && kv->size(2) == past && kv->size(3) == d &&
+        TORCH_CHECK(kv->dim() == 4 && kv->size(0) == 1 && kv->size(1) == kv_heads && kv->size(2) == past && kv->size(3) == d &&
                         kv->stride(3) == 1, "a past must be [1, ", kv_heads, ", L, ", d, "]");
       }
     pasts.push_back(past);

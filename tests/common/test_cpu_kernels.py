@@ -225,6 +225,8 @@ def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
         kernels.kernels.attend(q, k, v, [0], [3], [past], [past], [None], [True], 1.0)
     with pytest.raises(RuntimeError, match="segment 0 has a past of one of keys and values only"):
         kernels.kernels.attend(q, k, v, [0], [3], [past], [None], [None], [False], 1.0)
+    with pytest.raises(RuntimeError, match=r"segment 0's rows \[0, 4\) are not within the 3 tokens"):
+        kernels.kernels.attend(q, k, v, [0], [4], [past], [past], [None], [False], 1.0)
     with pytest.raises(RuntimeError, match="picks must be token ids below 256"):
         kernels.verdict_stats(torch.randn(3, 256), torch.tensor([4, 256, 5]), 1)
 
