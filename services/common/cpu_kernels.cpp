@@ -138,9 +138,9 @@ void over_panel(const float* x, int64_t ldx, int64_t m, int64_t k, const float* 
   }
 }
 
-// keys [n, D] (rows D apart) -> kt, their transpose [D, n] in panels as pack_linear lays out a weight: panel q holds
-// keys [q kPanel, q kPanel + w_q) as [D, w_q], w_q = kPanel but for the last (n rounded up to the vector width, from
-// q kPanel on: kt's columns past n are left as they were).
+// keys [n, D] (rows D apart) -> kt [D, n'], their transpose (n' = n rounded up to the vector width) in panels as
+// pack_linear lays out a weight: panel q holds keys [q kPanel, q kPanel + w_q) as [D, w_q], w_q = kPanel but for the
+// last. kt's columns past n are left as they were: the scores they give are never read.
 void pack_keys(const float* keys, int64_t n, int64_t d, float* kt) {
   for (int64_t c = 0; c < n; c += kPanel) {
     int64_t cols = std::min(kPanel, round_up(n) - c);
