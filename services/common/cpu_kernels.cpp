@@ -21,6 +21,9 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+// Lane by lane, for ATen's reductions (vec_reduce_all over a vector, reduce_all over an array).
+const auto vec_add = [](Vec& a, Vec& b) { return a + b; };
+const auto vec_max = [](Vec& a, Vec& b) { return at::vec::maximum(a, b); };
 constexpr int64_t kMaxHeadDim = 1024;
 
 // 1 / sqrt(mean(r^2) + eps) over one row of D, as RMSNorm normalises it (the sum in its own order: within float
@@ -67,8 +70,7 @@ std::pair<float, float> exp_sums(const float* r, int64_t begin, int64_t end, flo
     sum = sum + e;
     weighted = weighted + Vec::blendv(e * d, zero, e == zero);
   }
-  auto add = [](Vec& a, Vec& b) { return a + b; };
-  float s = at::vec::vec_reduce_all<float>(add, sum), w = at::vec::vec_reduce_all<float>(add, weighted);
+  float s = at::vec::vec_reduce_all<float>(vec_add, sum), w = at::vec::vec_reduce_all<float>(vec_add, weighted);
   for (; j < end; ++j) {
     float d = r[j] - top, e = std::exp(d);
     s += e;
@@ -163,14 +165,14 @@ void attention_weights(float* p, int64_t n, int64_t seen, const float* m, float 
     s.store(p + j);
     tops = at::vec::maximum(tops, s);
   }
-  float top = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, tops);
+  float top = at::vec::vec_reduce_all<float>(vec_max, tops);
   if (top == kNone) end = 0;  // nothing to attend to
   for (int64_t j = 0; j < end; j += Vec::size()) {
     Vec e = (Vec::loadu(p + j) - Vec(top)).exp();  // 0 for a masked key
     e.store(p + j);
     sums = sums + e;
   }
-  Vec sum(at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sums));
+  Vec sum(at::vec::vec_reduce_all<float>(vec_add, sums));
   for (int64_t j = 0; j < end; j += Vec::size()) (Vec::loadu(p + j) / sum).store(p + j);
   std::fill(p + end, p + std::max(end, n), 0.f);
 }
@@ -316,15 +318,14 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, heads, " query heads cannot share ", kv_heads, " KV heads");
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == d, "k and v must be [", q.size(0),
               ", Hkv, ", d, "], as q's tokens and head dim");
-  TORCH_CHECK(starts.size() == stops.size() && starts.size() == past_keys.size() &&
-                  starts.size() == past_values.size() && starts.size() == masks.size() && starts.size() == causal.size(),
+  size_t segments = starts.size();
+  TORCH_CHECK(stops.size() == segments && past_keys.size() == segments && past_values.size() == segments &&
+                  masks.size() == segments && causal.size() == segments,
               "one start, stop, past, mask and causal flag a segment");
-  if (d % Vec::size()) return attend_sdpa(q, k, v, starts, stops, past_keys, past_values, masks, causal, scale);
-  int64_t segments = starts.size(), groups = heads / kv_heads;
-  auto out = torch::empty({q.size(0), heads, d}, q.options());
-  std::vector<torch::Tensor> keys, values, mask_rows;
+  int64_t groups = heads / kv_heads;
+  std::vector<torch::Tensor> mask_rows;
   std::vector<int64_t> pasts;
-  for (int64_t i = 0; i < segments; ++i) {
+  for (size_t i = 0; i < segments; ++i) {
     TORCH_CHECK(0 <= starts[i] && starts[i] <= stops[i] && stops[i] <= q.size(0), "segment ", i, "'s rows [",
                 starts[i], ", ", stops[i], ") are not within the ", q.size(0), " tokens");
     int64_t past = past_keys[i].has_value() ? past_keys[i]->size(2) : 0, total = past + stops[i] - starts[i];
@@ -334,12 +335,10 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
     for (const auto& kv : {past_keys[i], past_values[i]})
       if (kv.has_value()) {
         check_float(*kv, "a past");
-        TORCH_CHECK(kv->dim() == 4 && kv->size(0) == 1 && kv->size(1) == kv_heads && kv->size(2) == past && kv->size(3) == d &&
-                        kv->stride(3) == 1, "a past must be [1, ", kv_heads, ", L, ", d, "]");
+        TORCH_CHECK(kv->dim() == 4 && kv->size(0) == 1 && kv->size(1) == kv_heads && kv->size(2) == past &&
+                        kv->size(3) == d && kv->stride(3) == 1, "a past must be [1, ", kv_heads, ", L, ", d, "]");
       }
     pasts.push_back(past);
-    keys.push_back(torch::empty({1, kv_heads, total, d}, q.options()));
-    values.push_back(torch::empty({1, kv_heads, total, d}, q.options()));
     mask_rows.push_back(masks[i].has_value() ? masks[i]->contiguous() : torch::Tensor());
     if (masks[i].has_value()) {
       check_float(mask_rows[i], "a mask");
@@ -347,6 +346,13 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
                       mask_rows[i].size(1) == total, "segment ", i, "'s mask must be [", stops[i] - starts[i], ", ",
                   total, "]");
     }
+  }
+  if (d % Vec::size()) return attend_sdpa(q, k, v, starts, stops, past_keys, past_values, masks, causal, scale);
+  auto out = torch::empty({q.size(0), heads, d}, q.options());
+  std::vector<torch::Tensor> keys, values;
+  for (size_t i = 0; i < segments; ++i) {
+    keys.push_back(torch::empty({1, kv_heads, pasts[i] + stops[i] - starts[i], d}, q.options()));
+    values.push_back(torch::empty_like(keys.back()));
   }
   for_each(segments * kv_heads, 1, [&](int64_t task) {
     int64_t i = task / kv_heads, g = task % kv_heads, start = starts[i], rows = stops[i] - start, past = pasts[i];
@@ -421,12 +427,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> logit_sta
   float *fpp = first_prob.data_ptr<float>(), *ppp = pick_prob.data_ptr<float>(), *ep = entropy.data_ptr<float>();
   // the row in at most two ranges around the banned column
   int64_t cut = mask_id < 0 ? vocab : mask_id, resume = mask_id < 0 ? vocab : mask_id + 1;
-  auto maximum = [](Vec& a, Vec& b) { return at::vec::maximum(a, b); };
   for_each(rows, 4, [&](int64_t i) {
     const float* r = xp + i * stride;
     float top = -std::numeric_limits<float>::infinity();
-    if (cut > 0) top = at::vec::reduce_all<float>(maximum, r, cut);
-    if (resume < vocab) top = std::max(top, at::vec::reduce_all<float>(maximum, r + resume, vocab - resume));
+    if (cut > 0) top = at::vec::reduce_all<float>(vec_max, r, cut);
+    if (resume < vocab) top = std::max(top, at::vec::reduce_all<float>(vec_max, r + resume, vocab - resume));
     int64_t at = first_equal(r, 0, cut, top);
     if (at == cut) at = first_equal(r, resume, vocab, top);  // vocab: a row of NaN
     auto [s1, w1] = exp_sums(r, 0, cut, top);

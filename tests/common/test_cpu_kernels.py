@@ -223,6 +223,9 @@ def test_a_tensor_the_kernels_do_not_take_is_refused_by_name(kernels):
         kernels.kernels.attend(q, k, v, [0], [3], [past], [past], [torch.zeros(3, 7)], [False], 1.0)
     with pytest.raises(RuntimeError, match="segment 0 is causal over a past: give its mask instead"):
         kernels.kernels.attend(q, k, v, [0], [3], [past], [past], [None], [True], 1.0)
+    with pytest.raises(RuntimeError, match="segment 0 is causal over a past: give its mask instead"):  # through SDPA
+        off = (q[..., :24], k[..., :24], v[..., :24], [0], [3], [past[..., :24]], [past[..., :24]], [None], [True])
+        kernels.kernels.attend(*off, 1.0)
     with pytest.raises(RuntimeError, match="segment 0 has a past of one of keys and values only"):
         kernels.kernels.attend(q, k, v, [0], [3], [past], [None], [None], [False], 1.0)
     with pytest.raises(RuntimeError, match=r"segment 0's rows \[0, 4\) are not within the 3 tokens"):
