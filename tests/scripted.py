@@ -75,7 +75,9 @@ class ScriptedLM:
     def device(self) -> torch.device:
         return self.embedding.device
 
-    def decode(self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+    def decode(
+        self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment], rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         ids = hidden.argmax(-1)  # [Q]
         self.inputs.append(len(ids))
         self.calls.append((ids[None], segments))
@@ -97,13 +99,13 @@ class ScriptedLM:
         if self.next_table is not None and not self.bidirectional:
             clean = (ids != MASK)[..., None]
             logits = torch.where(clean, self.next_table[target.clamp(max=len(self.next_table) - 1)], logits)
-        return logits
+        return logits if rows is None else logits[rows]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.float()
 
     def flops(self, tokens: int, attended: int, rows: int) -> int:
-        return forward_flops(0, 1, 0, tokens, attended, rows)  # one layer of one head of one dimension
+        return forward_flops(0, 0, 1, 0, tokens, attended, rows)  # one layer of one head of one dimension
 
 
 def table_of(script: Mapping[int, torch.Tensor]) -> torch.Tensor:

@@ -30,8 +30,11 @@ class Decoder(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def decode(self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-        """hidden [Q, H] at positions [Q] -> last hidden states [Q, H], writing each segment's cache."""
+    def decode(
+        self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment], rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """hidden [Q, H] at positions [Q] -> last hidden states of rows [R] (every row where None), [R, H], writing
+        each segment's cache."""
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -94,13 +97,12 @@ def forward(model: Decoder, items: list[Item]) -> list[torch.Tensor]:
     for item, seg in zip(items, segs, strict=True):
         if item.embeds is not None:
             hidden[seg.new] = item.embeds
-    hidden = model.decode(hidden, pos, segs)
     rows = [
         range(seg.new.start, seg.new.stop)[item.wanted or slice(None)] for item, seg in zip(items, segs, strict=True)
     ]
     index = torch.tensor([r for w in rows for r in w], dtype=torch.long, device=device)
-    logits = model.logits(hidden[index])  # the wanted rows only
-    return list(logits.split([len(w) for w in rows]))
+    hidden = model.decode(hidden, pos, segs, None if len(index) == len(ids) else index)  # the wanted rows only
+    return list(model.logits(hidden).split([len(w) for w in rows]))
 
 
 def count_flops(model: Decoder, items: list[Item]) -> None:

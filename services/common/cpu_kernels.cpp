@@ -140,6 +140,30 @@ void over_panel(const float* x, int64_t ldx, int64_t m, int64_t k, const float* 
   }
 }
 
+// A task's three scratch buffers, kept by its thread from task to task and not zeroed, as each task writes what it
+// reads (zero-filled vectors cost a task an allocation and a memset each); buffers past kScratchKept floats (a long
+// prompt's) are freed when the task ends. A slot only ever holds what its one use writes: kt's columns past a task's
+// keys hold earlier keys.
+class Scratch {
+ public:
+  float* get(int slot, int64_t n) {
+    auto& buffer = buffers()[slot];
+    if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+    return buffer.data();
+  }
+  ~Scratch() {
+    for (int slot = 0; slot < 3; ++slot)
+      if (buffers()[slot].size() > kScratchKept) std::vector<float>().swap(buffers()[slot]);
+  }
+
+ private:
+  static constexpr size_t kScratchKept = 1 << 16;
+  static std::vector<float>* buffers() {
+    thread_local std::vector<float> kept[3];
+    return kept;
+  }
+};
+
 // keys [n, D] (rows D apart) -> kt [D, n'], their transpose (n' = n rounded up to the vector width) in panels as
 // pack_linear lays out a weight: panel q holds keys [q kPanel, q kPanel + w_q) as [D, w_q], w_q = kPanel but for the
 // last. kt's columns past n are left as they were: the scores they give are never read.
@@ -370,26 +394,28 @@ Attended attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
       }
     }
     // the group's query rows [G q_i, D], head by head; its keys in panels; the rows' scores, then weights [G q_i, n']
-    std::vector<float> queries(group_rows * d), kt(d * width), weights(group_rows * width);
+    Scratch scratch;
+    float *queries = scratch.get(0, group_rows * d), *kt = scratch.get(1, d * width);
+    float* weights = scratch.get(2, group_rows * width);
     for (int64_t r = 0; r < groups; ++r)
       for (int64_t t = 0; t < rows; ++t) {
         const float* row = q.data_ptr<float>() + (start + t) * q.stride(0) + (g * groups + r) * q.stride(1);
-        std::copy(row, row + d, queries.data() + (r * rows + t) * d);
+        std::copy(row, row + d, queries + (r * rows + t) * d);
       }
-    pack_keys(kd, total, d, kt.data());
+    pack_keys(kd, total, d, kt);
     for (int64_t c = 0; c < width; c += kPanel) {
       int64_t cols = std::min(kPanel, width - c);
-      over_panel(queries.data(), d, group_rows, d, kt.data() + c * d, cols, cols, nullptr, weights.data() + c, width);
+      over_panel(queries, d, group_rows, d, kt + c * d, cols, cols, nullptr, weights + c, width);
     }
     const float* mask = mask_rows[i].defined() ? mask_rows[i].data_ptr<float>() : nullptr;
     for (int64_t r = 0; r < groups; ++r)
       for (int64_t t = 0; t < rows; ++t)  // the keys row t sees: [0, seen)
-        attention_weights(weights.data() + (r * rows + t) * width, total, causal[i] ? past + t + 1 : total,
+        attention_weights(weights + (r * rows + t) * width, total, causal[i] ? past + t + 1 : total,
                           mask ? mask + t * total : nullptr, scale);
     for (int64_t r = 0; r < groups; ++r) {  // head g G + r's rows of out, heads * D apart, over v's columns in panels
       float* o = out.data_ptr<float>() + (start * heads + g * groups + r) * d;
       for (int64_t c = 0; c < d; c += kPanel)
-        over_panel(weights.data() + r * rows * width, width, rows, total, vd + c, d, std::min(kPanel, d - c), nullptr,
+        over_panel(weights + r * rows * width, width, rows, total, vd + c, d, std::min(kPanel, d - c), nullptr,
                    o + c, heads * d);
     }
   });

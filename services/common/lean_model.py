@@ -51,13 +51,22 @@ class LeanModel:
     def device(self) -> torch.device:
         return self.embedding.device
 
-    def decode(self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
-        """hidden [Q, H], the packed row's input embeddings at positions [Q] -> its last hidden states [Q, H],
-        before the final norm; each attention layer writes each segment's cache."""
+    def decode(
+        self, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment], rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """hidden [Q, H], the packed row's input embeddings at positions [Q] -> the last hidden states, before the
+        final norm, of rows [R] (every row where None): [R, H]; each attention layer writes each segment's cache.
+        Past the last layer's attention only those rows run, as llama.cpp's `inp_out_ids`: the others' outputs go
+        nowhere (their keys and values are all the caches take), and each row's sums are its own, so the rows run
+        come out bit for bit as in the whole forward."""
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [Q, 1, D], shared by every layer
+        last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             x = self.ops.rms_norm(hidden, layer.attn_norm, self.eps)
-            hidden = hidden + self.attention(layer, index, x, cos, sin, segments)
+            out = self.attention(layer, index, x, cos, sin, segments)  # [Q, Hq D]
+            if index == last and rows is not None:
+                hidden, out = hidden[rows], out[rows]
+            hidden = hidden + self.ops.linear(out, layer.o, layer.o_bias)
             x = self.ops.rms_norm(hidden, layer.mlp_norm, self.eps)
             hidden = hidden + self.ops.linear(self.ops.swiglu(self.ops.linear(x, layer.gate_up)), layer.down)
         return hidden
@@ -65,14 +74,13 @@ class LeanModel:
     def attention(
         self, layer: Layer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
-        """x [Q, H], normed -> the attention block's output [Q, H]."""
+        """x [Q, H], normed -> the attention's output [Q, Hq D], before its output projection."""
         qkv = self.ops.linear(x, layer.qkv, layer.qkv_bias)  # [Q, (Hq + 2 Hkv) D]
         heads, d = self.heads + self.kv_heads, self.head_dim
         qk = qkv[:, : heads * d].unflatten(1, (heads, d))  # [Q, Hq + Hkv, D]: queries and keys, normed and rotated
         qk = self.ops.qk_norm_rotary(qk, layer.qk_norm, cos, sin, self.eps)  # together
         value = qkv[:, heads * d :].unflatten(1, (self.kv_heads, d))  # [Q, Hkv, D]
-        out = self.ops.attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)  # [Q, Hq D]
-        return self.ops.linear(out, layer.o, layer.o_bias)
+        return self.ops.attend(qk[:, : self.heads], qk[:, self.heads :], value, segments, index, d**-0.5)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, H], rows of decode's output -> float32 logits [R, V]."""
@@ -80,5 +88,7 @@ class LeanModel:
 
     def flops(self, tokens: int, attended: int, rows: int) -> int:
         linear = sum(w.numel() for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        last = self.layers[-1]
+        tail = sum(w.numel() for w in (last.o, last.gate_up, last.down))
         width = len(self.layers) * self.heads * self.head_dim
-        return flops.forward_flops(linear, width, self.head.numel(), tokens, attended, rows)
+        return flops.forward_flops(linear, tail, width, self.head.numel(), tokens, attended, rows)

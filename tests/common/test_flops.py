@@ -19,10 +19,10 @@ def tiny() -> LeanModel:
 
 
 def hand_count(new: list[int], past: list[int], head_rows: int) -> int:
-    per_layer = (
-        H * HEADS * HEAD_DIM + 2 * H * KV_HEADS * HEAD_DIM + HEADS * HEAD_DIM * H + 3 * H * MLP
-    )  # q, k, v, o, MLP
-    linear = 2 * LAYERS * per_layer * sum(new)
+    """The last layer's output projection and MLP run on the rows read only (head_rows)."""
+    tail = HEADS * HEAD_DIM * H + 3 * H * MLP  # o, MLP
+    per_layer = H * HEADS * HEAD_DIM + 2 * H * KV_HEADS * HEAD_DIM + tail  # q, k, v, then the tail
+    linear = 2 * LAYERS * per_layer * sum(new) - 2 * tail * (sum(new) - head_rows)
     attention = 2 * 2 * LAYERS * HEADS * HEAD_DIM * sum(q * (p + q) for q, p in zip(new, past, strict=True))
     return linear + attention + 2 * H * V * head_rows
 

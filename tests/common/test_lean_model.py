@@ -4,6 +4,7 @@ embeddings and logical (out-of-order) positions, for each family it runs (Qwen3'
 Llama's output bias), on torch's ops and on the fused CPU kernels (cpu_kernels.py). The norms' weights are random,
 so that dropping any of them shows."""
 
+import dataclasses
 import inspect
 
 import pytest
@@ -146,3 +147,43 @@ def test_bfloat16_logits_are_transformers():
     got = forward(lean_model(model), [Item(DynamicCache(), ids, list(range(len(ids))), len(ids))])[0]
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@KERNELS
+def test_rows_not_read_skip_the_last_layer_and_the_rows_read_are_bit_for_bit_the_whole_forwards(cpu_kernels):
+    """Past the last layer's attention only the wanted rows run (lean_model.decode): their logits are the whole
+    forward's, bit for bit, and every new token's KV still reaches the caches."""
+    lean = lean_model(model_of("qwen3", True, seed=3), cpu_kernels)
+    torch.manual_seed(4)
+    tokens = torch.randint(0, V, (30,)).tolist()
+
+    def items(wanted: list[slice | None]) -> list[Item]:
+        return [
+            Item(lean_cache(lean, tokens[:5], list(range(5))), tokens[5:14], list(range(5, 14)), 9, wanted=wanted[0]),
+            Item(DynamicCache(), tokens[14:30], list(range(16)), 16, wanted=wanted[1]),
+        ]
+
+    whole, some = items([None, None]), items([slice(6, None), slice(15, 16)])
+    recording = RowsPerLinear(lean.ops)
+    expected, got = forward(lean, whole), forward(dataclasses.replace(lean, ops=recording), some)
+    # per layer qkv, o, gate_up, down; the last layer's o, gate_up and down (and the head) on the 3 + 1 rows read
+    assert recording.rows == [25] * 4 * (len(lean.layers) - 1) + [25, 4, 4, 4, 4]
+    for full, part, item in zip(expected, got, some, strict=True):
+        assert torch.equal(part, full[item.wanted])
+    for a, b in zip(whole, some, strict=True):
+        for mine, theirs in zip(a.cache.layers, b.cache.layers, strict=True):
+            assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+class RowsPerLinear:
+    """An Ops that records the rows of each linear it runs."""
+
+    def __init__(self, ops):
+        self.ops, self.rows = ops, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.ops, name)
+
+    def linear(self, x, weight, bias=None):
+        self.rows.append(x.shape[0])
+        return self.ops.linear(x, weight, bias)

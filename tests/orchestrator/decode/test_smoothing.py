@@ -21,9 +21,9 @@ class EmbeddingsLM(ScriptedLM):
         super().__init__(*args, **kwargs)
         self.embeddings: list[torch.Tensor] = []
 
-    def decode(self, hidden, positions, segments):
+    def decode(self, hidden, positions, segments, rows=None):
         self.embeddings.append(hidden.clone())
-        return super().decode(hidden, positions, segments)
+        return super().decode(hidden, positions, segments, rows)
 
 
 def smoothed_inputs(canvas: torch.Tensor, k: int, lo: int) -> torch.Tensor:
