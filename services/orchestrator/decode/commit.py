@@ -18,7 +18,6 @@ import torch
 
 from services.common.proposal import Committed, Decision, Region, TokenLogprob, TokenLogprobs
 from services.common.request import Request
-from services.orchestrator.decode.gate import spans
 
 REGIONS = ("block", "window", "frontier")
 ORDERS = ("prefix", "slot")
@@ -54,37 +53,40 @@ class Commit:
         if decision.logprobs is not None:
             record(req, decision.positions, decision.logprobs)
         req.fill(decision.fill_positions, decision.fill_ids)
-        self.settle_eos(req)
+        eos = self.settle_eos(req)
         frontier = req.frontier
         if self.order == "slot":
             req.commit(decision.positions.tolist())
         else:
             req.commit((~req.committed[:frontier]).nonzero().squeeze(-1).tolist())
-        end = req.end
+        end = req.horizon if eos is None else min(req.horizon, eos + 1)  # req.end
         sent = min(frontier, end)  # the stream ends at the first EOS
         ids = req.tokens[req.emitted : sent].tolist()
         req.emitted = sent
-        ahead = decision.positions[(decision.positions >= frontier) & (decision.positions < end)]
-        spans = [(int(run[0]), req.tokens[run].tolist()) for run in runs(ahead.sort().values)]
+        # the round's decisions past the frontier: short lists, where Python costs less than a torch op each
+        ahead = sorted(p for p in decision.positions.tolist() if frontier <= p < end)
+        spans = [(run[0], req.tokens[run[0] : run[-1] + 1].tolist()) for run in runs(ahead)]
         req.stats.rounds += 1
         req.stats.accepted.append(len(decision.positions))
         req.stats.on_commit(len(ids))
         if self.done(req, frontier, end):
-            req.finish_reason = "eos" if req.first_eos is not None else "length"
+            req.finish_reason = "eos" if eos is not None else "length"
         req.stats.tokens = sent  # every token id streamed, the EOS included: the count of usage.completion_tokens
         logprobs = [req.logprobs[p] for p in range(sent - len(ids), sent)] if req.logprobs else []
         return Committed(ids, spans, req.finish_reason, logprobs)
 
-    def settle_eos(self, req: Request) -> None:
-        """What a decided EOS does to the canvas the models see next."""
+    def settle_eos(self, req: Request) -> int | None:
+        """What a decided EOS does to the canvas the models see next. -> the first decided EOS's position, which
+        settling leaves where it is."""
         eos = req.first_eos
         if eos is None:
-            return
+            return None
         if self.eos == "truncate":
             req.horizon = min(req.horizon, eos + 1)
         elif self.eos == "fill":
             tail = (~req.decided[eos + 1 : req.horizon]).nonzero().squeeze(-1) + eos + 1
             req.decide(tail, torch.full_like(tail, req.eos_id))
+        return eos
 
     def done(self, req: Request, frontier: int, end: int) -> bool:
         """The whole canvas is decided, or (EoTP) a block has ended with an EOS decided before its end."""
@@ -100,6 +102,12 @@ def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> No
         req.logprobs[pos] = TokenLogprob(float(logprobs.chosen[i]), top, logprobs.verified)
 
 
-def runs(positions: torch.Tensor) -> list[torch.Tensor]:
+def runs(positions: list[int]) -> list[list[int]]:
     """Split sorted positions into runs of consecutive values."""
-    return [positions[at] for at in spans(positions)]
+    out: list[list[int]] = []
+    for p in positions:
+        if out and p == out[-1][-1] + 1:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out

@@ -182,10 +182,10 @@ class GuiderAgreement:
 
     def __call__(self, req: Request, region: Region, proposal: Proposal, verdict: Verdict) -> Decision:
         at = proposal.positions - verdict.positions[0]  # [N] each proposal's index in the verified span
-        drafter_probs = torch.ones(len(verdict.positions))
-        drafter_probs[at] = proposal.probs
         match = verdict.draft == verdict.target
         if self.k > 1:
+            drafter_probs = torch.ones(len(verdict.positions))
+            drafter_probs[at] = proposal.probs
             in_topk = (verdict.topk[:, : self.k] == verdict.draft[:, None]).any(-1)
             match |= in_topk & (drafter_probs > self.tau * verdict.target_probs)
         if self.follow == "drafter":
@@ -196,14 +196,14 @@ class GuiderAgreement:
         agree = match.clone()
         if verdict.filter_scores is not None:
             agree[at[verdict.filter_scores > self.keep]] = True
-        n = int(agree.long().cumprod(0).sum())
+        n = leading_run(agree)
         accept = at < n  # past the first draft neither model vouches for, the guider's verdicts read a rejected token
         accept[0] = True  # i_1, the first masked position: the drafter's token even where nothing agrees
         logprobs = proposal.logprobs.take(accept) if proposal.logprobs is not None else None
         return Decision(proposal.positions[accept], proposal.ids[accept], logprobs=logprobs)
 
     def guider_tokens(self, proposal: Proposal, verdict: Verdict, match: torch.Tensor) -> Decision:
-        n = int(match.long().cumprod(0).sum())
+        n = leading_run(match)
         ids, logprobs = verdict.draft[:n], verdict.logprobs
         if n < len(match) and (n == 0 or self.bonus):
             ids = torch.cat([ids, verdict.target[n : n + 1]])
@@ -215,6 +215,13 @@ class GuiderAgreement:
             kept = (proposal.positions > verdict.positions[n - 1]) & (verdict.filter_scores > self.keep)
             decision.fill_positions, decision.fill_ids = proposal.positions[kept], proposal.ids[kept]
         return decision
+
+
+def leading_run(agree: torch.Tensor) -> int:
+    """The length of the leading run of True in agree [M]: one copy to Python, where a cumulative product takes
+    four ops."""
+    flags = agree.tolist()
+    return flags.index(False) if False in flags else len(flags)
 
 
 def bonus_logprobs(drafts: TokenLogprobs, target: torch.Tensor, n: int) -> TokenLogprobs:

@@ -60,6 +60,17 @@ def test_decided_token_never_changes():
     raise AssertionError("re-deciding a position must fail")
 
 
+def test_a_commits_fill_replaces_every_tentative_draft_even_with_none():
+    """follow=guider keeps the filter's drafts past the agreement as context until the next commit replaces them."""
+    req = Request("r", [3], 6, MASK, EOS)
+    commit = Commit("frontier", 6)
+    kept = Decision(torch.tensor([0]), torch.tensor([7]), torch.tensor([2, 3]), torch.tensor([8, 9]))
+    commit(req, kept)
+    assert req.tokens.tolist() == [7, MASK, 8, 9, MASK, MASK] and req.filled.tolist() == [0, 0, 1, 1, 0, 0]
+    commit(req, Decision(torch.tensor([1]), torch.tensor([5])))
+    assert req.tokens.tolist() == [7, 5] + [MASK] * 4 and not req.filled.any()
+
+
 def test_slot_order_commits_slots_ahead_of_the_frontier_and_streams_them_as_spans():
     req = Request("r", [3, 4], 8, MASK, EOS)
     event = Commit("block", 8, order="slot")(req, Decision(torch.tensor([4, 5, 6]), torch.tensor([20, 21, 22])))
@@ -82,8 +93,8 @@ def test_spans_past_an_eos_are_not_streamed():
 
 
 def test_runs_split_sorted_positions():
-    assert [r.tolist() for r in runs(torch.tensor([0, 1, 2, 5, 6, 9]))] == [[0, 1, 2], [5, 6], [9]]
-    assert runs(torch.empty(0, dtype=torch.long)) == []
+    assert runs([0, 1, 2, 5, 6, 9]) == [[0, 1, 2], [5, 6], [9]]
+    assert runs([3]) == [[3]] and runs([]) == []
 
 
 def test_commit_rejects_unknown_regions_and_orders():
