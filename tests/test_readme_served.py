@@ -129,7 +129,9 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
     assert len(orchestrators) == 2  # a log per replica: serving.replicas.orchestrator in the shipped config
     deadline = time.monotonic() + 10
     while True:  # a request's line is written just after its last chunk leaves (Engine.settle), so it may trail it
-        lines = [line for log in orchestrators for line in log.read_text().splitlines() if "request_finished" in line]
+        # whole lines only: the text after the last newline may be a line still being written
+        written = [line for log in orchestrators for line in log.read_text().split("\n")[:-1]]
+        lines = [line for line in written if "request_finished" in line]
         records = [json.loads(line.split(" -- ", 1)[1]) for line in lines]  # Serve's prefix, then the JSON object
         ours = [r for r in records if r["request_id"] in ids]
         if len(ours) >= len(ids) or time.monotonic() > deadline:
