@@ -61,7 +61,10 @@ class Request:
     @property
     def end(self) -> int:
         """Logical end of the output: just past the first decided EOS, else the canvas end."""
-        eos = self.first_eos
+        return self.end_after(self.first_eos)
+
+    def end_after(self, eos: int | None) -> int:
+        """end, given the first decided EOS's position (None: none decided) where the caller has it already."""
         return self.horizon if eos is None else min(self.horizon, eos + 1)
 
     @property

@@ -18,6 +18,7 @@ import torch
 
 from services.common.proposal import Committed, Decision, Region, TokenLogprob, TokenLogprobs
 from services.common.request import Request
+from services.orchestrator.decode.gate import runs
 
 REGIONS = ("block", "window", "frontier")
 ORDERS = ("prefix", "slot")
@@ -59,11 +60,10 @@ class Commit:
             req.commit(decision.positions.tolist())
         else:
             req.commit((~req.committed[:frontier]).nonzero().squeeze(-1).tolist())
-        end = req.horizon if eos is None else min(req.horizon, eos + 1)  # req.end
+        end = req.end_after(eos)
         sent = min(frontier, end)  # the stream ends at the first EOS
         ids = req.tokens[req.emitted : sent].tolist()
         req.emitted = sent
-        # the round's decisions past the frontier: short lists, where Python costs less than a torch op each
         ahead = sorted(p for p in decision.positions.tolist() if frontier <= p < end)
         spans = [(run[0], req.tokens[run[0] : run[-1] + 1].tolist()) for run in runs(ahead)]
         req.stats.rounds += 1
@@ -100,14 +100,3 @@ def record(req: Request, positions: torch.Tensor, logprobs: TokenLogprobs) -> No
         alternatives = zip(logprobs.top_ids[i].tolist(), logprobs.top_logprobs[i].tolist(), strict=True)
         top = [(t, lp) for t, lp in alternatives if t >= 0]
         req.logprobs[pos] = TokenLogprob(float(logprobs.chosen[i]), top, logprobs.verified)
-
-
-def runs(positions: list[int]) -> list[list[int]]:
-    """Split sorted positions into runs of consecutive values."""
-    out: list[list[int]] = []
-    for p in positions:
-        if out and p == out[-1][-1] + 1:
-            out[-1].append(p)
-        else:
-            out.append([p])
-    return out

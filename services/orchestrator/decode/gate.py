@@ -124,10 +124,23 @@ class Hierarchical:
 
 def spans(positions: torch.Tensor) -> list[torch.Tensor]:
     """Indices into positions [N] grouped into runs of consecutive positions."""
-    if len(positions) == 0:
-        return []
-    breaks = (positions.diff() != 1).nonzero().squeeze(-1) + 1
-    return list(torch.arange(len(positions)).tensor_split(breaks))
+    out, start = [], 0
+    for run in runs(positions.tolist()):
+        out.append(torch.arange(start, start + len(run)))
+        start += len(run)
+    return out
+
+
+def runs(positions: list[int]) -> list[list[int]]:
+    """Split positions into runs of consecutive values (each one more than the one before): short lists, where Python
+    costs less than a torch op each."""
+    out: list[list[int]] = []
+    for p in positions:
+        if out and p == out[-1][-1] + 1:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
 
 
 class EntropyWindow:

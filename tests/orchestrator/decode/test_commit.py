@@ -5,8 +5,8 @@ import torch
 
 from services.common.proposal import Decision, Region, propose_from_logits
 from services.common.request import Request
-from services.orchestrator.decode.commit import Commit, runs
-from services.orchestrator.decode.gate import Threshold
+from services.orchestrator.decode.commit import Commit
+from services.orchestrator.decode.gate import Threshold, runs
 from services.orchestrator.decode.round import one_round
 from services.orchestrator.decode.strategies import Stages
 
