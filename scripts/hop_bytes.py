@@ -44,9 +44,6 @@ class Counting(LocalExecutor):
         self.seconds_whole += middle - start
         self.out += sum(map(len, sent.values()))
         results = super().run(received, parents)
-        for key, replies in results.items():  # as DirectHandle.replies: where a draw left each copy of the RNG
-            if not isinstance(replies, BaseException):
-                self.sent.replied(ROLES[key[0]].host, groups[key], replies)
         back = {key: pickle.dumps(replies) for key, replies in results.items()}
         self.back += sum(map(len, back.values()))
         return {key: pickle.loads(data) for key, data in back.items()}

@@ -59,7 +59,7 @@ async def measure(name: str, run, streams: int) -> None:
 
 
 async def main(streams: int) -> None:
-    req = Request("r" * 36, list(range(30)), 48, 0, 1)  # a bench request, greedy: its snapshot has no RNG
+    req = Request("r" * 36, list(range(30)), 48, 0, 1)  # a bench request
     req.order = list(range(24))
     blob = snapshot(req)
     with redis_process() as server:

@@ -103,7 +103,7 @@ def grpc_way(calls: int) -> float:
 
 async def index_floor(requests: int) -> tuple[float, float]:
     """-> (this process, redis-server) CPU ms a request."""
-    req = Request("r" * 32, list(range(30)), 48, 0, 1)  # a bench request's size, greedy: no RNG in its snapshot
+    req = Request("r" * 32, list(range(30)), 48, 0, 1)  # a bench request's size
     req.order = list(range(9))
     blob = snapshot(req)
     with redis_process() as server:

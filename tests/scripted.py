@@ -10,7 +10,8 @@ one entry per input token holding its token id (K) and position id (V), so the e
 truncations work as on a real model and a test reads which tokens and positions a cache holds.
 """
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -26,6 +27,19 @@ from services.orchestrator.engine.local_executor import LocalExecutor
 
 VOCAB, EOS, MASK = 32, 0, 1  # token ids 2 .. VOCAB - 1 are plain tokens
 MAX_FORWARDS = 200  # a decode that does not end fails its test instead of hanging it
+
+
+def draw_generators(seed: int) -> Iterator[torch.Generator]:
+    """A request's draws as sampling.Rng defines them, written out for reference loops: draw k samples from a
+    generator seeded by splitmix64's finaliser over (the finaliser over the seed) xor k."""
+
+    def splitmix(x: int) -> int:
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB % 2**64
+        return x ^ (x >> 31)
+
+    for k in itertools.count():
+        yield torch.Generator().manual_seed(splitmix(splitmix(seed % 2**64) ^ k))
 
 
 def row(masses: Mapping[int, float], vocab: int = VOCAB, mask_id: int = MASK) -> torch.Tensor:

@@ -124,10 +124,10 @@ class ProposeAfter:
 @dataclass(slots=True)
 class Guessed:
     """ProposeAfter's reply value: one proposal per guessed count, in order, each drawn from its own copy of the
-    request's RNG, and the states of those copies after their draws (None for a greedy request)."""
+    request's RNG, as the next round's proposal would be."""
 
     proposals: list[Proposal]
-    rng: torch.Tensor | None  # [G, S] uint8: each guess's generator state (torch.Generator.get_state)
+    draws: int  # the request's count of draws (Rng.draws) once the next round takes any one of them
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +232,7 @@ class Compute:
 class Reply:
     value: Any
     tokens: int = 0  # token instances the call ran through the model for this request (p_cache's N_fwd)
-    generator: torch.Generator | None = None  # the request's sampling RNG after the call (a remote host ran a copy)
+    draws: int | None = None  # the request's count of draws after the call, where its host samples (Rng.draws)
     compute: Compute | None = None  # the batched call it came from, shared by every reply of that call
     forwards: int = 1  # the model's forwards it ran for this request (a lookahead runs several)
 

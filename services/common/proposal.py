@@ -6,7 +6,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from services.common.sampling import SamplingParams, choose
+from services.common.sampling import Rng, SamplingParams, choose
 
 
 @dataclass(slots=True)
@@ -133,14 +133,14 @@ def propose_from_logits(
     positions: torch.Tensor,
     logits: torch.Tensor,
     sampling: SamplingParams,
-    generator: torch.Generator,
+    rng: Rng,
     mask_id: int,
     maths: LogitMaths = TORCH_MATHS,
 ) -> Proposal:
     logits = logits.float()
     top_n = sampling.logprobs
     banned = never_mask(logits, mask_id) if not sampling.greedy or top_n is not None else None  # where read whole
-    chosen = None if sampling.greedy else choose(banned, sampling, generator)
+    chosen = None if sampling.greedy else choose(banned, sampling, rng)
     ids, probs, entropy = maths.proposal_stats(logits, chosen, mask_id)
     logprobs = None
     if top_n is not None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.common.proposal import TokenLogprob
-from services.common.sampling import SamplingParams
+from services.common.sampling import Rng, SamplingParams
 from services.common.stats import Stats
 
 
@@ -27,7 +27,7 @@ class Request:
     finish_reason: str | None = None
     state: dict = field(default_factory=dict)  # strategy state (credits, slots in completion)
     stats: Stats = field(default_factory=Stats)
-    generator: torch.Generator = None
+    rng: Rng = None  # its sampling randomness: the seed and the draws made
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # position -> its token's, when asked
 
     def __post_init__(self):
@@ -40,7 +40,7 @@ class Request:
         self.filled = torch.zeros(self.max_new_tokens, dtype=torch.bool)
         self.committed = torch.zeros(self.max_new_tokens, dtype=torch.bool)
         self.horizon = self.max_new_tokens
-        self.generator = torch.Generator().manual_seed(self.sampling.seed)
+        self.rng = Rng(self.sampling.seed)
 
     @property
     def prompt_len(self) -> int:

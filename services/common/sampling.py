@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+MASK64 = (1 << 64) - 1
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -34,8 +36,35 @@ def fresh_seed() -> int:
     return secrets.randbits(53)
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """Pick one token per row of logits [N, V] -> ids [N]."""
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit ints whose outputs for nearby inputs look unrelated."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+@dataclass(slots=True)
+class Rng:
+    """A request's sampling randomness, counter-based (as JAX folds a counter into a key): its draw k samples from a
+    generator seeded by (seed, k). The whole state is two ints, so it crosses a hop, comes back in a reply and stands
+    in the cache index's record for nothing, and whichever process holds them draws what the request's next draw
+    would: a host samples where its logits are, and only the count comes back."""
+
+    seed: int
+    draws: int = 0  # draws made so far
+
+    def generator(self) -> torch.Generator:
+        """The next draw's generator; counts the draw."""
+        generator = torch.Generator().manual_seed(mix64(mix64(self.seed & MASK64) ^ self.draws))
+        self.draws += 1
+        return generator
+
+    def copy(self) -> "Rng":
+        return Rng(self.seed, self.draws)
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, rng: Rng) -> torch.Tensor:
+    """Pick one token per row of logits [N, V] -> ids [N]; a sampled pick is one draw of rng."""
     if params.greedy:
         return logits.max(-1).indices  # the first maximum, as argmax, at about half argmax's cost on CPU
     logits = logits.float()
@@ -52,4 +81,4 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
         sorted_probs[drop] = 0
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return torch.multinomial(probs.cpu(), 1, generator=rng.generator()).squeeze(-1).to(logits.device)

@@ -117,7 +117,7 @@ class BidirectionalDrafter:
         state.step += 1
         state.forwards += 1
         proposal = propose_from_logits(
-            masked + region.start, logits[masked], req.sampling, req.generator, req.mask_id, self.decoder.ops
+            masked + region.start, logits[masked], req.sampling, req.rng, req.mask_id, self.decoder.ops
         )
         return proposal, tokens
 

@@ -138,16 +138,15 @@ class CausalDrafter:
             rows = logits[len(logits) - len(masked) :]  # [len(masked), V]: the masks stand last
             if head is not None:
                 rows = torch.cat([logits[head - item.wanted.start][None], rows[1:]])
-            proposals.append(
-                propose_from_logits(masked, rows, req.sampling, req.generator, req.mask_id, self.decoder.ops)
-            )
+            proposals.append(propose_from_logits(masked, rows, req.sampling, req.rng, req.mask_id, self.decoder.ops))
         return list(zip(proposals, processed, strict=True))
 
     def propose_after_batch(
         self, calls: list[tuple[Request, int, torch.Tensor, tuple[int, ...], tuple[int, ...], bool]]
-    ) -> list[tuple[list[Proposal], torch.Tensor | None, int]]:
-        """calls: (req, start, drafts [L], counts, ends, ar_head) -> each count's proposal, the RNG states its draws
-        left ([G, S], None when greedy), and the token instances processed, in one forward.
+    ) -> list[tuple[list[Proposal], int, int]]:
+        """calls: (req, start, drafts [L], counts, ends, ar_head) -> each count's proposal, the request's count of
+        draws after any one of them (each guess draws from its own copy of the RNG, as the next round's proposal
+        would), and the token instances processed, in one forward.
 
         Guess g (n = counts[g]) is the forward propose_batch would run for the request with drafts[:n] committed:
         those drafts, then masks from start + n to ends[g], in a span of its own that sees the cache (and the commits
@@ -170,18 +169,15 @@ class CausalDrafter:
         for (req, *_, ar_head), logits, layout, tokens in zip(
             calls, forward(self.decoder, items), layouts, processed, strict=True
         ):
-            proposals, states, row = [], [], 0  # logits [sum of the spans' tokens, V], span after span
+            proposals, row, draws = [], 0, req.rng.draws  # logits [sum of the spans' tokens, V], span after span
             for n, masked in layout:
                 rows = logits[row + n : row + n + len(masked)]
                 if ar_head:
                     rows = torch.cat([logits[row + n - 1][None], rows[1:]])
-                generator = None if req.sampling.greedy else torch.Generator().set_state(req.generator.get_state())
-                proposals.append(
-                    propose_from_logits(masked, rows, req.sampling, generator, req.mask_id, self.decoder.ops)
-                )
-                states.append(None if generator is None else generator.get_state())
-                row += n + len(masked)
-            out.append((proposals, None if req.sampling.greedy else torch.stack(states), tokens))
+                rng = req.rng.copy()
+                proposals.append(propose_from_logits(masked, rows, req.sampling, rng, req.mask_id, self.decoder.ops))
+                row, draws = row + n + len(masked), rng.draws
+            out.append((proposals, draws, tokens))
         return out
 
 

@@ -27,16 +27,14 @@ class DrafterHost(KVHost):
     def propose(self, calls: list[Propose]) -> list[Reply]:
         out = self.causal_drafter().propose_batch([(c.req, c.region, c.ar_head) for c in calls])
         return [
-            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
+            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.rng.draws)
             for c, (proposal, tokens) in zip(calls, out, strict=True)
         ]
 
     def propose_after(self, calls: list[ProposeAfter]) -> list[Reply]:
         batch = [(c.req, c.start, c.drafts, c.counts, c.ends, c.ar_head) for c in calls]
         out = self.causal_drafter().propose_after_batch(batch)
-        return [
-            Reply(Guessed([without_logits(p, False) for p in proposals], rng), tokens) for proposals, rng, tokens in out
-        ]
+        return [Reply(Guessed([without_logits(p, False) for p in ps], draws), tokens) for ps, draws, tokens in out]
 
     def forward(self, calls: list[DrafterForward]) -> list[Reply]:
         """A staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
@@ -52,7 +50,7 @@ class DrafterHost(KVHost):
         ]
         out = self.bidirectional.propose_batch(batch)
         return [
-            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.generator)
+            Reply(without_logits(proposal, c.keep_logits), tokens, c.req.rng.draws)
             for c, (proposal, tokens) in zip(calls, out, strict=True)
         ]
 

@@ -77,10 +77,9 @@ class DirectHandle:
         if isinstance(value, OutOfSync):  # nothing ran: send each request whole
             sent.forget(self.host)
             return await self.answer(replica, channel, method, args, parents)
-        if status == "error":  # the host may have drawn from its copies of the RNG: send whole
+        if status == "error":  # what the host made of its copies is unknown: send whole
             sent.forget(self.host, requests_of(args))
             raise value
-        sent.replied(self.host, args, value)
         return value
 
     async def channel(self, replica: str | None) -> tuple[str, Channel]:

@@ -1,10 +1,10 @@
-"""Cheap pickling for what crosses a Serve hop: tensors go as numpy arrays and generators as their state,
-about ten times faster than torch's own reduce, and the orchestrator pays it on every call of every round.
+"""Cheap pickling for what crosses a Serve hop: tensors go as numpy arrays, about ten times faster than torch's own
+reduce, and the orchestrator pays it on every call of every round.
 
 Importing this module registers the reducers in copyreg's dispatch table, which pickle, copy and Ray's cloudpickle
 consult before a class's own reduce; every module that sends these classes across a hop imports it. The classes
 themselves stay plain slotted dataclasses of services/common, which knows nothing of serving. A call's request
-crosses without what only the engine reads, and with its RNG only where its host samples from it.
+crosses without what only the engine reads; its RNG is two ints (sampling.Rng).
 """
 
 import copyreg
@@ -15,9 +15,10 @@ from typing import get_args
 import numpy as np
 import torch
 
-from services.common.contract import Args, Guessed, Propose, ProposeAfter, ProposeBidirectional, Reply
+from services.common.contract import Args, Guessed, Reply
 from services.common.proposal import Decision, Proposal, TokenLogprobs, Verdict
 from services.common.request import Request
+from services.common.sampling import Rng
 
 
 class _Array:
@@ -27,32 +28,14 @@ class _Array:
         self.array = array
 
 
-class _Generator:
-    __slots__ = ("state",)
-
-    def __init__(self, state: np.ndarray):
-        self.state = state
-
-
 def pack(value):
-    # exact types: isinstance(value, torch.Generator) runs a Python __instancecheck__, a third of a request's pickling
-    kind = type(value)
-    if kind is torch.Tensor and value.device.type == "cpu":
+    if type(value) is torch.Tensor and value.device.type == "cpu":  # exact type: isinstance costs more
         return _Array(value.numpy())
-    if kind is torch.Generator and value.device.type == "cpu":
-        return _Generator(value.get_state().numpy())
     return value
 
 
 def unpack(value):
-    kind = type(value)
-    if kind is _Array:
-        return torch.from_numpy(value.array)
-    if kind is _Generator:
-        generator = torch.Generator()
-        generator.set_state(torch.from_numpy(value.state))
-        return generator
-    return value
+    return torch.from_numpy(value.array) if type(value) is _Array else value
 
 
 def restore(cls: type, state: dict):
@@ -78,33 +61,27 @@ ENGINE_ONLY = ("state", "logprobs")
 
 
 class ForHost:
-    """A call's request as its host reads it: without ENGINE_ONLY, and with its RNG only where the host draws from it
-    (a proposal's sampling, sampling.choose) and the request samples."""
+    """A call's request as its host reads it: without ENGINE_ONLY."""
 
-    __slots__ = ("req", "rng")
+    __slots__ = ("req",)
 
-    def __init__(self, req: Request, rng: bool):
-        self.req, self.rng = req, rng
+    def __init__(self, req: Request):
+        self.req = req
 
 
-def reduce_request(req: Request, rng: bool = True, skip: tuple[str, ...] = ()) -> tuple:
-    """As reduce, but the RNG crosses only where asked and never for a greedy request: its state is 5 KB, most of
-    what a round sends (scripts/hop_bytes.py); the host's Reply then brings none back. The skipped fields arrive
-    empty, as a new request has them."""
-    state = {name: pack(getattr(req, name)) for name in names(Request) if name not in skip and name != "generator"}
+def reduce_request(req: Request, skip: tuple[str, ...] = ()) -> tuple:
+    """As reduce; the skipped fields arrive empty, as a new request has them."""
+    state = {name: pack(getattr(req, name)) for name in names(Request) if name not in skip}
     state |= {name: {} for name in skip}
-    state["generator"] = pack(req.generator) if rng and not req.sampling.greedy else None
     return restore, (Request, state)
 
 
 def reduce_args(args: Args) -> tuple:
     state = {name: pack(getattr(args, name)) for name in names(type(args))}
     if type(state.get("req")) is Request:  # else what request_sync.py sends in its place
-        state["req"] = ForHost(args.req, rng=isinstance(args, DRAWS))
+        state["req"] = ForHost(args.req)
     return restore, (type(args), state)
 
-
-DRAWS = (Propose, ProposeAfter, ProposeBidirectional)  # the calls whose host samples from the request's RNG
 
 FLAT = ("positions", "ids", "probs", "entropy")  # a proposal's [N] tensors
 
@@ -117,13 +94,12 @@ def reduce_guessed(guessed: Guessed) -> tuple:
     if any(p.logits is not None or p.logprobs is not None for p in proposals):
         return reduce(guessed)
     flat = [torch.cat([getattr(p, name) for p in proposals]).numpy() for name in FLAT]
-    return restore_guessed, ([len(p.ids) for p in proposals], *flat, pack(guessed.rng))
+    return restore_guessed, ([len(p.ids) for p in proposals], guessed.draws, *flat)
 
 
-def restore_guessed(lengths: list[int], *arrays) -> Guessed:
-    *flat, rng = arrays
+def restore_guessed(lengths: list[int], draws: int, *flat: np.ndarray) -> Guessed:
     split = [torch.from_numpy(array).split(lengths) for array in flat]
-    return Guessed([Proposal(*tensors, logits=None) for tensors in zip(*split, strict=True)], unpack(rng))
+    return Guessed([Proposal(*tensors, logits=None) for tensors in zip(*split, strict=True)], draws)
 
 
 # what the stages send across a hop, and what the hosts send back
@@ -133,4 +109,5 @@ for cls in get_args(Args):
     copyreg.pickle(cls, reduce_args)
 copyreg.pickle(Guessed, reduce_guessed)
 copyreg.pickle(Request, reduce_request)  # whole: the cache index's record of a request (cluster/admission.py)
-copyreg.pickle(ForHost, lambda view: reduce_request(view.req, view.rng, ENGINE_ONLY))
+copyreg.pickle(ForHost, lambda view: reduce_request(view.req, ENGINE_ONLY))
+copyreg.pickle(Rng, lambda rng: (Rng, (rng.seed, rng.draws)))

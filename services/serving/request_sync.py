@@ -4,13 +4,14 @@ CachedRequestData).
 Both ends of one channel connection (services/serving/channel.py) keep a copy per (host, request): the orchestrator's
 `Sent` what it last sent, the replica's `Mirror` the request as it stands there. A call carries the difference
 between the request now and what was sent: the canvas positions whose token or flags changed, the commits appended to
-`order`, the scalars. Frames on a connection arrive and run in order, so both copies advance together, frame by
-frame; a new connection (a replica restarted, a request moved) starts with none, and the request crosses whole again.
+`order`, the scalars and the RNG's count of draws. Frames on a connection arrive and run in order, so both copies
+advance together, frame by frame; a new connection (a replica restarted, a request moved) starts with none, and the
+request crosses whole again.
 A change that finds no mirror of the version it was made against (a mirror released, or any bug) fails the call with
 OutOfSync before its host runs, and the orchestrator sends it again whole.
 
-The sampling RNG (5 KB of state) crosses only to a host that draws from it, and only where it moved since the
-replica's copy last had it: after a draw there, the copy stands where the reply says, which the engine takes.
+The sampling RNG is a seed and a count of draws (sampling.Rng): the seed crosses with the request whole, the count
+with every change, so a host draws where the engine's RNG stands, and its reply says where its draws left it.
 
 The replica's request lacks what pickling.ENGINE_ONLY leaves out, and after its first call the lists and clocks of its
 stats (no host reads them): the counters follow.
@@ -21,11 +22,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
-import torch
 
 from services.common.request import Request
 from services.common.stats import COUNTERS
-from services.serving.pickling import DRAWS, ForHost, names
+from services.serving.pickling import ForHost, names
 
 SCALARS = ("horizon", "emitted", "finish_reason")
 STAT_COUNTERS = ("rounds", "tokens", *COUNTERS)
@@ -60,7 +60,7 @@ class Changed:
     order_tail: list[int]
     scalars: tuple  # SCALARS
     counters: tuple[int, ...]  # STAT_COUNTERS
-    rng: np.ndarray | None  # the sampling RNG's state where the host draws from it; None: as the replica has it
+    draws: int  # the RNG's (Rng.draws)
 
 
 @dataclass(slots=True)
@@ -69,7 +69,6 @@ class Shadow:
     version: int
     states: np.ndarray  # [max_new_tokens] canvas_state as sent
     order: list[int]
-    rng: torch.Tensor | None  # the RNG state the replica's copy holds: as sent, or as its last draw left it
 
 
 def canvas_state(req: Request) -> np.ndarray:
@@ -100,40 +99,24 @@ class Sent:
         req = getattr(args, "req", None)
         if type(req) is not Request:
             return args
-        return with_request(args, self.encode(host, req, isinstance(args, DRAWS)))
+        return with_request(args, self.encode(host, req))
 
-    def encode(self, host: str, req: Request, rng: bool) -> Whole | Changed:
-        """rng: the host draws from the request's sampling RNG (pickling.DRAWS), whose state then crosses."""
-        key, states, draws = (host, req.id), canvas_state(req), rng and not req.sampling.greedy
+    def encode(self, host: str, req: Request) -> Whole | Changed:
+        key, states = (host, req.id), canvas_state(req)
         shadow = self.shadows.get(key)
         if shadow is None or shadow.req is not req:  # first sent, or another request under a released id
-            self.shadows[key] = Shadow(req, 0, states, list(req.order), req.generator.get_state() if draws else None)
-            return Whole(host, 0, ForHost(req, rng))
+            self.shadows[key] = Shadow(req, 0, states, list(req.order))
+            return Whole(host, 0, ForHost(req))
         at = np.flatnonzero(states != shadow.states)
         n = len(shadow.order)
         start = n if req.order[:n] == shadow.order else 0
         tail = req.order[start:]
-        generator = None
-        if draws:  # the RNG crosses only where it moved since the replica's copy
-            state = req.generator.get_state()
-            if shadow.rng is None or not torch.equal(state, shadow.rng):
-                generator, shadow.rng = state.numpy(), state
         change = Changed(
             host, req.id, shadow.version, at.tolist(), states[at].tolist(), start, tail, scalars_of(req),
-            counters_of(req.stats), generator,
+            counters_of(req.stats), req.rng.draws,
         )  # fmt: skip
         shadow.version, shadow.states, shadow.order[start:] = shadow.version + 1, states, tail
         return change
-
-    def replied(self, host: str, args: list, replies: list) -> None:
-        """A call's replies, one per args: where a host drew from its copy of a request's RNG, that copy stands where
-        the reply's RNG does."""
-        for call, reply in zip(args, replies, strict=True):
-            if reply.generator is None:
-                continue
-            shadow = self.shadows.get((host, call.req.id))
-            if shadow is not None and shadow.req is call.req:
-                shadow.rng = reply.generator.get_state()
 
     def forget(self, host: str, request_ids: list[str] | None = None) -> None:
         """Drop the host's copies of these requests (released), or all of them (the next call sends each whole)."""
@@ -173,8 +156,7 @@ class Mirror:
             setattr(req, name, value)
         for name, value in zip(STAT_COUNTERS, change.counters, strict=True):
             setattr(req.stats, name, value)
-        if change.rng is not None:
-            req.generator = torch.Generator().set_state(torch.from_numpy(change.rng))
+        req.rng.draws = change.draws
         self.requests[change.host, change.id] = (change.base + 1, req)
         return req
 

@@ -182,20 +182,19 @@ def test_each_guess_is_the_proposal_of_the_request_with_its_drafts_committed(tin
     req.decide(torch.arange(2), torch.tensor([21, 22]))
     req.commit([0, 1])  # this round's commits: pending in the next forward
     drafts, counts, ends = torch.tensor([31, 32, 33, 34]), (4, 1, 2), (10, 7, 9)
-    [(proposals, rng, _)] = drafter.propose_after_batch([(req, 2, drafts, counts, ends, ar_head)])
+    drawn = req.rng.draws
+    [(proposals, draws, _)] = drafter.propose_after_batch([(req, 2, drafts, counts, ends, ar_head)])
     assert drafter.kv.held()["r"] == req.prompt_len + 2
-    assert (rng is None) == sampling.greedy
-    for g, (n, end, proposal) in enumerate(zip(counts, ends, proposals, strict=True)):
+    assert req.rng.draws == drawn and draws == drawn + (not sampling.greedy)  # each guess drew from a copy
+    for n, end, proposal in zip(counts, ends, proposals, strict=True):
         ahead = copy.deepcopy(req)
-        ahead.generator = torch.Generator().set_state(req.generator.get_state())
         ahead.decide(torch.arange(2, 2 + n), drafts[:n])
         ahead.commit(list(range(2, 2 + n)))
         [(expected, _)] = CausalDrafter(loaded, KVManager()).propose_batch([(ahead, Region(2 + n, end), ar_head)])
         assert torch.equal(proposal.positions, torch.arange(2 + n, end))
         assert torch.equal(proposal.positions, expected.positions) and torch.equal(proposal.ids, expected.ids)
         torch.testing.assert_close(proposal.probs, expected.probs, atol=1e-4, rtol=0)
-        if rng is not None:
-            assert torch.equal(rng[g], ahead.generator.get_state())
+        assert ahead.rng.draws == draws
     # the round accepts one draft and the guider's token after it: the next window, on the cache, is an uncached
     # forward's (the 1e-4), as if nothing had been drafted
     req.decide(torch.arange(2, 4), torch.tensor([31, 90]))

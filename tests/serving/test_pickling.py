@@ -1,5 +1,5 @@
 """What crosses a Serve hop pickles compactly once services.serving.pickling is imported: tensors as numpy
-arrays and generators as their state, under pickle and under Ray's cloudpickle alike."""
+arrays and the RNG as its two ints, under pickle and under Ray's cloudpickle alike."""
 
 import pickle
 
@@ -20,20 +20,18 @@ def live_request() -> Request:
     req.commit([0, 1])
     req.state["credits"] = [1.5]
     req.stats.add({"rounds": 2})
-    torch.rand(4, generator=req.generator)  # the RNG has moved on from its seed
+    req.rng.generator()  # the RNG has moved on from its seed
     return req
 
 
-def assert_same_request(a: Request, b: Request, rng: bool = True, whole: bool = True) -> None:
+def assert_same_request(a: Request, b: Request, whole: bool = True) -> None:
     """whole: every field; else as a call's host gets it, with what only the engine reads empty."""
-    for name in ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order"):
+    for name in ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order", "rng"):
         assert getattr(a, name) == getattr(b, name), name
     assert (a.state, a.logprobs) == ((b.state, b.logprobs) if whole else ({}, {}))
     for name in ("tokens", "decided", "filled", "committed"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.stats.counters() == b.stats.counters()
-    if rng:
-        assert torch.equal(torch.rand(8, generator=a.generator), torch.rand(8, generator=b.generator))
 
 
 @pytest.mark.parametrize("dumps", [pickle.dumps, "cloudpickle"])
@@ -42,17 +40,18 @@ def test_request_round_trips_compactly(dumps):
         dumps = pytest.importorskip("ray.cloudpickle").dumps
     req = live_request()
     data = dumps(req)
-    assert b"torch" not in data  # no tensor, storage or generator reduce: numpy arrays and the RNG state only
+    assert b"torch" not in data  # no tensor or storage reduce: numpy arrays
     assert_same_request(pickle.loads(data), req)
 
 
-def test_the_rng_crosses_only_to_a_host_that_samples_and_never_for_a_greedy_request():
-    seeded, greedy = live_request(), Request("r2", [5, 6, 7], 16, mask_id=1, eos_id=0)
-    propose, verify = Propose(seeded, Region(0, 4)), Verify(seeded, 0, torch.tensor([3, 4]), 1)
-    assert_same_request(pickle.loads(pickle.dumps(propose)).req, seeded, whole=False)
-    assert pickle.loads(pickle.dumps(verify)).req.generator is None
-    assert pickle.loads(pickle.dumps(Propose(greedy, Region(0, 4)))).req.generator is None
-    assert len(pickle.dumps(verify)) < len(pickle.dumps(propose)) - 4096  # the RNG's state is 5 KB
+def test_the_rng_crosses_as_two_ints():
+    seeded = live_request()
+    greedy = Request("r1", [5, 6, 7], 16, mask_id=1, eos_id=0, sampling=SamplingParams(0.0, 0.9, seed=3))
+    for req in (seeded, greedy):
+        req.rng.draws = 12345
+    sizes = [len(pickle.dumps(Propose(req, Region(0, 4)))) for req in (seeded, greedy)]
+    assert sizes[0] - sizes[1] < 16  # the temperature's float, not a generator's 5 KB state
+    assert pickle.loads(pickle.dumps(seeded.rng)) == seeded.rng
 
 
 def test_a_calls_request_crosses_without_what_only_the_engine_reads():
@@ -63,8 +62,8 @@ def test_a_calls_request_crosses_without_what_only_the_engine_reads():
     req.logprobs = {p: TokenLogprob(-0.1 * p, [(p, -0.1 * p), (9, -2.0)], True) for p in range(16)}
     for args in (Propose(req, Region(0, 4)), Verify(req, 0, torch.tensor([3, 4]), 1)):
         data = pickle.dumps(args)
-        assert len(data) < 16_000  # the RNG's 5 KB and the canvas
-        assert_same_request(pickle.loads(data).req, req, rng=isinstance(args, Propose), whole=False)
+        assert len(data) < 4_000  # the canvas
+        assert_same_request(pickle.loads(data).req, req, whole=False)
     record = pickle.loads(pickle.dumps(req))
     assert torch.equal(record.state["credit"][1], req.state["credit"][1]) and record.logprobs == req.logprobs
 
@@ -75,15 +74,14 @@ def test_stage_values_round_trip_compactly():
         *(torch.arange(2) for _ in range(3)), torch.zeros(2, 4, dtype=torch.long), torch.rand(2), torch.rand(2)
     )
     decision = Decision(torch.tensor([0]), torch.tensor([9]))
-    reply = Reply(proposal, 7, torch.Generator().manual_seed(5))
+    reply = Reply(proposal, 7, 5)
     data = pickle.dumps([proposal, verdict, decision, reply])
     assert b"torch" not in data
     p, v, d, r = pickle.loads(data)
     assert torch.equal(p.ids, proposal.ids) and p.logits is None
     assert torch.equal(v.topk, verdict.topk) and v.filter_scores is None
     assert torch.equal(d.fill_ids, decision.fill_ids) and torch.equal(d.ids, decision.ids)
-    assert torch.equal(r.value.probs, proposal.probs) and r.tokens == 7
-    assert torch.equal(torch.rand(2, generator=r.generator), torch.rand(2, generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(r.value.probs, proposal.probs) and (r.tokens, r.draws) == (7, 5)
 
 
 def test_call_arguments_round_trip_compactly():
@@ -93,29 +91,27 @@ def test_call_arguments_round_trip_compactly():
     data = pickle.dumps(args)
     assert b"torch" not in data
     verify, accept = pickle.loads(data)
-    assert_same_request(verify.req, req, rng=False, whole=False)  # the guider samples nothing
+    assert_same_request(verify.req, req, whole=False)
     assert (verify.start, verify.top_k, verify.method, accept.family) == (2, 3, "verify", "causal")
     assert torch.equal(verify.draft, args[0].draft) and torch.equal(accept.confidence, args[1].confidence)
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
-def test_overlaps_guesses_cross_as_flat_arrays_and_come_back_whole(seeded):
-    """propose_after's reply: each guess's proposal as it left, and the RNG states; far fewer bytes than a proposal
-    object each, with no torch reduce. A proposal that carries logprobs crosses whole."""
+def test_overlaps_guesses_cross_as_flat_arrays_and_come_back_whole():
+    """propose_after's reply: each guess's proposal as it left, and the RNG's count of draws; far fewer bytes than a
+    proposal object each, with no torch reduce. A proposal that carries logprobs crosses whole."""
     proposals = [
         Proposal(torch.arange(n, n + 16 - n), torch.arange(16 - n) + 40, torch.rand(16 - n), torch.rand(16 - n), None)
         for n in (1, 2, 5, 15)
     ]
-    rng = torch.stack([torch.Generator().manual_seed(i).get_state() for i in range(4)]) if seeded else None
-    data = pickle.dumps(Reply(Guessed(proposals, rng), 7))
+    data = pickle.dumps(Reply(Guessed(proposals, 3), 7))
     assert b"torch" not in data and b"Proposal" not in data
     back = pickle.loads(data).value
     for got, sent in zip(back.proposals, proposals, strict=True):
         for name in ("positions", "ids", "probs", "entropy"):
             assert torch.equal(getattr(got, name), getattr(sent, name)), name
         assert got.logits is None and got.logprobs is None
-    assert (back.rng is None) if rng is None else torch.equal(back.rng, rng)
+    assert back.draws == 3
     chosen = TokenLogprobs(torch.zeros(1), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), verified=False)
     with_logprobs = Proposal(torch.arange(1), torch.arange(1), torch.ones(1), torch.zeros(1), None, chosen)
-    back = pickle.loads(pickle.dumps(Guessed([with_logprobs], None)))
+    back = pickle.loads(pickle.dumps(Guessed([with_logprobs], 0)))
     assert torch.equal(back.proposals[0].logprobs.chosen, chosen.chosen)

@@ -1,7 +1,7 @@
 """A request crosses to a replica whole once, then as what changed (services/serving/request_sync.py): through a
 real pickle hop, after every kind of change a decode makes, the replica's copy equals the request as a whole hop
 would bring it; a change is a fraction of the whole; a copy that is missing or a version behind fails with OutOfSync;
-a released or replaced request crosses whole again; the RNG crosses only where it moved since the replica's copy.
+a released or replaced request crosses whole again; the RNG crosses as its count of draws.
 Over a real channel (test_direct's stand-in replicas), a replica
 that lost its copies still runs the call: the orchestrator sends the requests whole."""
 
@@ -14,12 +14,12 @@ import torch
 from services.common.contract import Propose, Reply, Verify
 from services.common.proposal import Region
 from services.common.request import Request
-from services.common.sampling import SamplingParams
+from services.common.sampling import Rng, SamplingParams
 from services.serving.direct import DirectHandle
 from services.serving.request_sync import Changed, Mirror, OutOfSync, Sent, Whole
 from tests.serving.test_direct import Serve, ran  # noqa: F401  the stand-in replicas and their fixture
 
-FIELDS = ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order", "emitted")
+FIELDS = ("id", "prompt_ids", "max_new_tokens", "mask_id", "eos_id", "sampling", "horizon", "order", "emitted", "rng")
 
 
 def request(rid: str = "r", seed: float = 0.0) -> Request:
@@ -48,8 +48,6 @@ def assert_same(got: Request, want: Request) -> None:
         want.stats.tokens,
         want.stats.drafter_forwards,
     )
-    if want.generator is not None:  # a host that draws: its copy of the RNG where the engine's stands
-        assert torch.equal(got.generator.get_state(), want.generator.get_state())
 
 
 def changes(req: Request):
@@ -63,7 +61,7 @@ def changes(req: Request):
     yield
     req.tokens[2], req.filled[3] = 4, False  # a draft replaced, one dropped
     req.tokens[3] = 1
-    req.generator.manual_seed(99)
+    req.rng.generator()  # the engine draws (slots.py)
     yield
     req.order[:] = [1, 0]  # reordered (not an extension of what crossed)
     req.stats.drafter_forwards += 3
@@ -79,26 +77,28 @@ def test_every_change_reaches_the_replica_as_a_whole_hop_brings_it(temperature):
     propose, verify = Propose(req, Region(0, 16), False, True), Verify(req, 0, torch.tensor([3]), 1)
     assert_same(hop(sent, mirror, propose, kind=Whole), whole(propose))
     for _ in changes(req):
-        for args in (propose, verify):  # a draw crosses the RNG, a verify none
+        for args in (propose, verify):
             assert_same(hop(sent, mirror, args), whole(args))
 
 
-def test_the_rng_crosses_only_where_it_moved_since_the_replicas_copy():
+def test_the_rng_crosses_as_its_count_of_draws():
+    """A seeded request's change is no larger than a greedy one's: the seed crossed whole, the count follows."""
     req, sent, mirror = request(seed=0.7), Sent(), Mirror()
     propose = Propose(req, Region(0, 16))
     copy = hop(sent, mirror, propose, kind=Whole)
-    torch.rand(3, generator=copy.generator)  # the host draws there; its reply brings the state back
-    req.generator = torch.Generator().set_state(copy.generator.get_state())
-    sent.replied("drafter", [propose], [Reply(None, 0, req.generator)])
-    assert sent.outgoing("drafter", propose).req.rng is None
-    sent.shadows["drafter", req.id].version -= 1
-    assert hop(sent, mirror, propose).generator is copy.generator  # untouched
-    torch.rand(2, generator=req.generator)  # the engine draws (slots.py)
-    out = sent.outgoing("drafter", propose)
-    assert out.req.rng is not None
-    assert torch.equal(
-        mirror.incoming(pickle.loads(pickle.dumps(out))).req.generator.get_state(), req.generator.get_state()
-    )
+    copy.rng.generator()  # the host draws there; its reply says how many draws that leaves
+    req.rng.draws = copy.rng.draws
+    req.rng.generator()  # the engine draws too (slots.py)
+    assert hop(sent, mirror, propose).rng == Rng(11, 2)
+    greedy, greedy_sent = request(), Sent()
+    for r, s in ((req, sent), (greedy, greedy_sent)):
+        r.rng.draws = 12345
+        s.outgoing("drafter", Propose(r, Region(0, 16)))
+    sizes = [
+        len(pickle.dumps(s.outgoing("drafter", Propose(r, Region(0, 16)))))
+        for r, s in ((req, sent), (greedy, greedy_sent))
+    ]
+    assert sizes[0] == sizes[1]
 
 
 def test_a_change_is_a_fraction_of_the_whole_request():
@@ -154,7 +154,7 @@ def test_a_replica_that_lost_its_copies_still_runs_the_call(ran):  # noqa: F811
 
 
 def test_a_request_whose_call_failed_crosses_whole_next(ran):  # noqa: F811
-    """Its host may have drawn from its copy of the RNG before failing."""
+    """What its host made of its copy before failing is unknown."""
     direct = DirectHandle(Serve(ran), "drafter")
     req = request(seed=0.7)
 
@@ -174,8 +174,8 @@ class Drawing:
         self.drawn = []
 
     def propose(self, args: list) -> list[Reply]:
-        self.drawn += [torch.rand(1, generator=call.req.generator).item() for call in args]
-        return [Reply(None, 0, call.req.generator) for call in args]
+        self.drawn += [torch.rand(1, generator=call.req.rng.generator()).item() for call in args]
+        return [Reply(None, 0, call.req.rng.draws) for call in args]
 
 
 def test_draws_on_the_replica_go_on_from_its_copy_of_the_rng_as_in_process(ran):  # noqa: F811
@@ -187,13 +187,9 @@ def test_draws_on_the_replica_go_on_from_its_copy_of_the_rng_as_in_process(ran):
     async def calls():
         for _ in range(3):
             (reply,) = await direct.run.remote("propose", [Propose(req, Region(0, 16))], None, replica="r0")
-            req.generator = reply.generator  # as the engine takes it (engine/rounds.py: account)
+            req.rng.draws = reply.draws  # as the engine takes it (engine/rounds.py: account)
 
     asyncio.run(calls())
-    in_process = torch.Generator().manual_seed(11)
-    assert host.drawn == [torch.rand(1, generator=in_process).item() for _ in range(3)]
-    assert sent_rng(direct, req) is None  # the replica's copy stands where the engine's does
-
-
-def sent_rng(direct: DirectHandle, req: Request):
-    return direct.channels["r0"].session.outgoing("drafter", Propose(req, Region(0, 16))).req.rng
+    in_process = Rng(11)
+    assert host.drawn == [torch.rand(1, generator=in_process.generator()).item() for _ in range(3)]
+    assert req.rng == in_process

@@ -90,7 +90,7 @@ class Credit:
         credit[rows, top] += top_p**self.gamma
         fused_logits = logits + self.alpha * torch.log1p(credit[rows])
         fused = torch.softmax(fused_logits, -1)
-        ids = choose(fused_logits, req.sampling, req.generator)  # B.2 replaces the distribution, not the sampling
+        ids = choose(fused_logits, req.sampling, req.rng)  # B.2 replaces the distribution, not the sampling
         conf = fused.gather(-1, ids[:, None]).squeeze(-1)
         fused_proposal = Proposal(proposal.positions, ids, conf, proposal.entropy, proposal.logits)
         if proposal.logprobs is not None:  # the fused distribution decided

@@ -45,7 +45,7 @@ class Speculation:
     ahead: Request  # the request the proposal was drafted on
     region: Region
     proposal: Proposal
-    generator: torch.Generator | None  # the RNG after it; None: a greedy request's, which drew nothing
+    draws: int  # the request's count of draws after it (Rng.draws)
 
     def holds(self, req: Request, region: Region) -> bool:
         ahead = self.ahead
@@ -63,7 +63,7 @@ def copied(req: Request) -> Request:
         setattr(ahead, name, getattr(req, name).clone())
     ahead.order, ahead.state, ahead.logprobs = list(req.order), copy.deepcopy(req.state), dict(req.logprobs)
     ahead.stats = copy.deepcopy(req.stats)
-    ahead.generator = torch.Generator().set_state(req.generator.get_state())
+    ahead.rng = req.rng.copy()
     return ahead
 
 
@@ -95,7 +95,7 @@ class Guesses:
     base: Request  # a copy of the request as its round verified it
     region: Region
     proposal: Proposal
-    guessed: dict[int, tuple[Proposal, torch.Generator | None]]  # accepted count -> next proposal, its RNG after
+    guessed: dict[int, tuple[Proposal, int]]  # accepted count -> next proposal, the request's count of draws after
 
     def taken(self, req: Request, region: Region, commit: Commit) -> Speculation | None:
         """The guess whose count the round accepted, if the request is the one it assumed."""
@@ -128,8 +128,7 @@ class PostVerify:
         taken = speculation.taken(req, region, self.commit) if speculation is not None else None
         if taken is None:
             return (yield from self.inner_propose(req, region))
-        if taken.generator is not None:
-            req.generator = taken.generator
+        req.rng.draws = taken.draws
         return taken.proposal
 
     def verify(self, req: Request, region: Region, proposal: Proposal) -> Stage[Verdict]:
@@ -141,11 +140,8 @@ class PostVerify:
         ends = tuple(self.commit.region_at(start + n, req.horizon, req.state).end for n in counts)
         call = Call(Role.DRAFTER, ProposeAfter(req, start, window, counts, ends, self.ar_head))
         verdict, guessed = yield from together(self.inner_verify(req, region, proposal), one(call))
-        rng = [None] * len(counts)
-        if guessed.rng is not None:  # set_state reads a state from its storage's start: each row in a copy of its own
-            rng = [torch.Generator().set_state(state.clone()) for state in guessed.rng]
-        guesses = zip(counts, zip(guessed.proposals, rng, strict=True), strict=True)
-        self.speculation = Guesses(copied(req), region, proposal, dict(guesses))
+        guesses = {n: (p, guessed.draws) for n, p in zip(counts, guessed.proposals, strict=True)}
+        self.speculation = Guesses(copied(req), region, proposal, guesses)
         return verdict
 
     def counts(self, req: Request, proposal: Proposal, window: torch.Tensor) -> tuple[int, ...]:

@@ -44,4 +44,4 @@ class ARPropose:
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
         start = req.frontier
         (logits,) = yield [Call(self.role, ARForward(req, start, torch.empty(0, dtype=torch.long)))]  # [1, V]
-        return propose_from_logits(torch.tensor([start]), logits, req.sampling, req.generator, req.mask_id)
+        return propose_from_logits(torch.tensor([start]), logits, req.sampling, req.rng, req.mask_id)

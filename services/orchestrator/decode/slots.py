@@ -85,7 +85,7 @@ class SlotPropose:
         positions = work.positions()
         masked = torch.cat(masked)
         (logits,) = yield [drafter_forward(req, torch.cat(ids), positions, torch.cat(groups))]
-        proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.generator, req.mask_id)
+        proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.rng, req.mask_id)
         filled = torch.cat(ids)
         filled[masked] = proposal.ids
         # every slot keeps a verified prefix of at least its first token (the fresh round verified it), so

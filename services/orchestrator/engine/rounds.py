@@ -11,13 +11,14 @@ from services.common.request import Request
 
 
 def account(req: Request, call: Call, reply: Reply) -> Any:
-    """The engine counts each request's forwards and processed tokens; a remote host's RNG state comes back."""
+    """The engine counts each request's forwards and processed tokens; a host that sampled says how many draws the
+    request's RNG has made (a remote host drew from its copy)."""
     counter = ROLES[call.role].counter
     setattr(req.stats, counter, getattr(req.stats, counter) + reply.forwards)
     req.stats.model_forwards += reply.forwards
     req.stats.drafter_tokens_processed += reply.tokens
-    if reply.generator is not None:
-        req.generator = reply.generator
+    if reply.draws is not None:
+        req.rng.draws = reply.draws
     return reply.value
 
 

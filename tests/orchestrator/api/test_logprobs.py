@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from services.common.sampling import SamplingParams, choose
+from services.common.sampling import Rng, SamplingParams, choose
 from tests.orchestrator.api.test_server import PROMPT
 
 CASES = {
@@ -43,7 +43,7 @@ def test_no_logprobs_unless_asked(engine):
 
 def test_top_k_keeps_only_the_k_most_likely():
     logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]]).repeat(200, 1)
-    generator = torch.Generator().manual_seed(0)
-    picks = choose(logits, SamplingParams(temperature=5.0, top_k=2), generator)
+    rng = Rng(0)
+    picks = choose(logits, SamplingParams(temperature=5.0, top_k=2), rng)
     assert set(picks.tolist()) == {1, 2}
-    assert set(choose(logits, SamplingParams(temperature=5.0), generator).tolist()) == {0, 1, 2, 3}
+    assert set(choose(logits, SamplingParams(temperature=5.0), rng).tolist()) == {0, 1, 2, 3}

@@ -24,7 +24,7 @@ class Scripted:
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1) + region.start
         logits = torch.full((len(masked), VOCAB), -10.0)
         logits[torch.arange(len(masked)), torch.tensor([self.script[p] for p in masked.tolist()])] = 10.0
-        return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
+        return propose_from_logits(masked, logits, req.sampling, req.rng, req.mask_id)
         yield
 
 

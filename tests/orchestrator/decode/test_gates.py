@@ -21,6 +21,7 @@ from services.orchestrator.decode.gate import (
     pick,
     spans,
 )
+from tests.scripted import draw_generators
 
 MASK, EOS = 1, 0
 
@@ -244,7 +245,7 @@ def test_credit_accumulates_within_a_block_and_resets_in_the_next():
 
 def test_credit_samples_from_the_fused_distribution_when_not_greedy():
     """001 B.2 "does not change the underlying sampling ... but simply replaces the original distribution": at
-    temperature T the tokens are drawn from softmax((z + alpha log(1 + C)) / T), with the request's generator."""
+    temperature T the tokens are drawn from softmax((z + alpha log(1 + C)) / T), with the request's RNG."""
     logits = torch.tensor([[1.0, 0.8, 0.6, 0.4, 0.2]] * 4)
     differs = False
     for seed in range(8):
@@ -252,7 +253,7 @@ def test_credit_samples_from_the_fused_distribution_when_not_greedy():
         prop = Proposal(torch.arange(4), logits.argmax(-1), torch.full((4,), 0.3), torch.zeros(4), drafted(logits))
         decision = Credit(0.0, 0.7, 0.5, 1.0)(req, Region(0, 8), prop, None)
         fused = torch.stack([CreditReference(5, 0.7, 0.5, 1.0).fused(p, z) for p, z in enumerate(logits)])
-        generator = torch.Generator().manual_seed(seed)
+        generator = next(draw_generators(seed))  # the request's first draw
         fused_mask = torch.cat([fused, torch.zeros(4, 1)], -1)  # the mask token's probability: none
         sampled = torch.multinomial(torch.softmax(fused_mask.log() / 0.7, -1), 1, generator=generator).squeeze(-1)
         assert decision.ids.tolist() == sampled.tolist()

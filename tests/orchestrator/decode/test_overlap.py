@@ -16,7 +16,7 @@ from tests.orchestrator.decode.test_follow import GUIDER, OTHER, PROMPT, N, engi
 from tests.orchestrator.decode.test_scripted_strategies import IdentityFilter
 from tests.scripted import MASK, ScriptedLM, row, scripted_engine
 
-SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=3)]
+SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=4)]
 IDS = ["greedy", "seeded"]
 
 
@@ -151,7 +151,7 @@ def test_a_speculation_holds_only_for_the_request_it_assumed():
     req = Request("r", PROMPT, N, MASK, 0)
     region, commit = Region(0, 4), Commit("frontier", 4)
     proposal = Proposal(torch.arange(4), torch.tensor(GUIDER[:4]), torch.ones(4), torch.zeros(4), None)
-    speculation = Speculation(accepted(req, region, proposal, commit, 4), Region(4, 8), proposal, req.generator)
+    speculation = Speculation(accepted(req, region, proposal, commit, 4), Region(4, 8), proposal, req.rng.draws)
     assert speculation.holds(accepted(req, region, proposal, commit, 4), Region(4, 8))
     other = Proposal(torch.arange(4), torch.tensor(GUIDER[:3] + [OTHER[3]]), torch.ones(4), torch.zeros(4), None)
     # the same commits, one token not

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from services.common.sampling import SamplingParams
-from tests.scripted import EOS, MASK, ScriptedLM, row, scripted_engine
+from tests.scripted import EOS, MASK, ScriptedLM, draw_generators, row, scripted_engine
 
 PROMPT = [5, 6, 7]
 N = 12
@@ -39,9 +39,9 @@ def draw(logprobs: torch.Tensor, s: SamplingParams, generator: torch.Generator) 
 
 def ar_loop(s: SamplingParams) -> list[int]:
     """One token per step from the model's next-token distribution."""
-    generator, out = torch.Generator().manual_seed(s.seed), []
+    generators, out = draw_generators(s.seed), []
     for p in range(N):
-        token = int(draw(SCRIPT[p][None], s, generator)[0])
+        token = int(draw(SCRIPT[p][None], s, next(generators))[0])
         if token == EOS:
             break
         out.append(token)
@@ -52,11 +52,11 @@ def threshold_loop(s: SamplingParams, block: int, threshold: float) -> list[int]
     """Fast-dLLM threshold decoding, sampled: each step draws every masked token of the block (one draw over their
     rows, in position order) and keeps those whose probability under the model (before temperature) is above the
     threshold, else the most probable draw."""
-    generator, canvas = torch.Generator().manual_seed(s.seed), {}
+    generators, canvas = draw_generators(s.seed), {}
     for lo in range(0, N, block):
         while masked := [p for p in range(lo, lo + block) if p not in canvas]:
             logprobs = torch.stack([SCRIPT[p] for p in masked])
-            ids = draw(logprobs, s, generator)
+            ids = draw(logprobs, s, next(generators))
             conf = logprobs.exp().gather(-1, ids[:, None]).squeeze(-1)
             keep = conf > threshold
             keep[conf.argmax()] |= not keep.any()

@@ -142,7 +142,7 @@ class OracleDrafter:
         masked = (~req.decided[region.start : region.end]).nonzero().squeeze(-1) + region.start
         logits = torch.zeros(len(masked), 400)
         logits[torch.arange(len(masked)), torch.tensor([self.reference[p] for p in masked.tolist()])] = 5.0
-        return propose_from_logits(masked, logits, req.sampling, req.generator, req.mask_id)
+        return propose_from_logits(masked, logits, req.sampling, req.rng, req.mask_id)
         yield
 
 
