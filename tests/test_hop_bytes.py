@@ -21,3 +21,15 @@ def test_credit_sends_kilobytes_a_request_and_round_not_its_scores():
     assert rounds > 0
     assert sent < whole < 8_000  # the scores alone are [block, V] floats: hundreds of KB
     assert back > 100_000  # the gate fuses the drafter's whole distribution, which comes back (keep_logits)
+
+
+@pytest.mark.slow
+@needs_zoo
+@pytest.mark.parametrize(("strategy", "most"), [("ar", 2_000), ("slot", 6_000)])
+def test_hosts_sample_where_the_logits_are_and_send_back_tokens(strategy, most):
+    """AR decoding's next token and slot completion are drawn on the drafter's or AR model's host, and slot
+    verification reads its drafts there: a reply carries tokens and their probabilities, not [n, V] logits (before,
+    16.5 KB a request and round for `ar`, 865 KB for `slot`)."""
+    out = run_script("scripts/hop_bytes.py", strategy, "2", "seeded")
+    back = int(re.search(r"per request-round out \d+ B, back (\d+) B", out).group(1))
+    assert back < most

@@ -17,6 +17,7 @@ import pytest
 from services.cli.client import DlmClient
 from tests.orchestrator.cluster.test_services import free_port
 from tests.readme import DLM, PORTS, ROOT, examples, localize, matches, run, run_script
+from tests.written import whole_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SERVED = [e for e in examples() if e.server is not None]
@@ -129,8 +130,7 @@ def test_each_finished_request_is_one_json_line_in_the_orchestrator_log(servers)
     assert len(orchestrators) == 2  # a log per replica: serving.replicas.orchestrator in the shipped config
     deadline = time.monotonic() + 10
     while True:  # a request's line is written just after its last chunk leaves (Engine.settle), so it may trail it
-        # whole lines only: the text after the last newline may be a line still being written
-        written = [line for log in orchestrators for line in log.read_text().split("\n")[:-1]]
+        written = [line for log in orchestrators for line in whole_lines(log)]
         lines = [line for line in written if "request_finished" in line]
         records = [json.loads(line.split(" -- ", 1)[1]) for line in lines]  # Serve's prefix, then the JSON object
         ours = [r for r in records if r["request_id"] in ids]

@@ -14,7 +14,15 @@ from services.common.batch import Item, forward
 from services.common.kv import truncate
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import TORCH_MATHS, LogitMaths, Verdict, never_mask, token_logprobs
+from services.common.proposal import (
+    TORCH_MATHS,
+    LogitMaths,
+    Proposal,
+    Verdict,
+    never_mask,
+    propose_from_logits,
+    token_logprobs,
+)
 from services.common.request import Request
 from services.common.sampling import SamplingParams, choose
 
@@ -63,6 +71,18 @@ class Guider:
     def logits(self, calls: list[tuple[Request, int, torch.Tensor]]) -> list[torch.Tensor]:
         """forward_batch's logits, the mask token not banned."""
         return forward(self.decoder, [self.item(*call) for call in calls])
+
+    def next_token_batch(self, calls: list[tuple[Request, int]]) -> list[Proposal]:
+        """calls: (req, start) -> the proposal of each request's token at start, without its logits, in one forward."""
+        empty = torch.empty(0, dtype=torch.long)
+        logits = self.logits([(req, start, empty) for req, start in calls])  # [1, V] each
+        proposals = []
+        for (req, start), out in zip(calls, logits, strict=True):
+            at = torch.tensor([start])
+            proposal = propose_from_logits(at, out, req.sampling, req.rng, req.mask_id, self.decoder.ops)
+            proposal.logits = None  # no gate of AR decoding reads them, and they are most of a reply's bytes
+            proposals.append(proposal)
+        return proposals
 
     def lookahead_batch(self, calls: list[tuple[Request, int, int]]) -> list[tuple[torch.Tensor, int]]:
         """calls: (req, start, k) -> the guider's greedy tokens [<= k] from start, as it decodes alone (ARPropose),

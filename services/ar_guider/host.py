@@ -4,7 +4,7 @@
 import torch
 
 from services.ar_guider.guider import Guider
-from services.common.contract import ARForward, Lookahead, Reply, Verify
+from services.common.contract import Lookahead, NextToken, Reply, Verify
 from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
 
@@ -18,8 +18,9 @@ class GuiderHost(KVHost):
         verdicts = self.guider.verify_batch([(c.req, c.start, c.draft, c.top_k) for c in calls])
         return [Reply(verdict) for verdict in verdicts]
 
-    def forward(self, calls: list[ARForward]) -> list[Reply]:
-        return [Reply(logits) for logits in self.guider.forward_batch([(c.req, c.start, c.draft) for c in calls])]
+    def next_token(self, calls: list[NextToken]) -> list[Reply]:
+        proposals = self.guider.next_token_batch([(c.req, c.start) for c in calls])
+        return [Reply(proposal, draws=c.req.rng.draws) for c, proposal in zip(calls, proposals, strict=True)]
 
     def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
         ahead = self.guider.lookahead_batch([(c.req, c.start, c.k) for c in calls])

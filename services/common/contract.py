@@ -145,14 +145,37 @@ class ProposeBidirectional:
 
 @dataclass(frozen=True, slots=True)
 class DrafterForward:
-    """Drafter: the causal drafter over explicit tokens (slot verification and completion, 000 §4.2). -> logits
-    [n, V]"""
+    """Drafter: the causal drafter over explicit tokens, in process (training/engine_eval.py). -> logits [n, V]"""
 
     method: ClassVar[str] = "forward"
     req: Request
     ids: torch.Tensor  # [n] tokens
     positions: torch.Tensor  # [n] their logical positions
     groups: torch.Tensor | None  # [n] slot of each token: tokens attend only within their slot; None: all causal
+
+
+@dataclass(frozen=True, slots=True)
+class FillMasks:
+    """Drafter: the causal drafter over explicit tokens, and its proposal for those that are the mask, chosen on the
+    host (slot completion, 000 §4.2 Eq. 8-9). -> Proposal, without its logits"""
+
+    method: ClassVar[str] = "fill_masks"
+    req: Request
+    ids: torch.Tensor  # [n] tokens, the mask where one is to be drafted
+    positions: torch.Tensor  # [n] their logical positions
+    groups: torch.Tensor  # [n] slot of each token: tokens attend only within their slot
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreDraft:
+    """Drafter: the causal drafter over a draft, read as a verifier reads it: token j + 1 under the output at token j
+    (slot verification, 000 §4.2 Eq. 7). -> Verdict of draft[1:], its logprobs when the request asks"""
+
+    method: ClassVar[str] = "score_draft"
+    req: Request
+    draft: torch.Tensor  # [n] tokens
+    positions: torch.Tensor  # [n] their logical positions
+    groups: torch.Tensor | None  # [n] slot of each token, each slot isolated; None: all causal
     stage_kv: bool = False  # keep this forward's KV on the replica for the commits its round makes
 
 
@@ -168,13 +191,14 @@ class Verify:
 
 
 @dataclass(frozen=True, slots=True)
-class ARForward:
-    """Guider, AR baseline or drafter_ar: next-token logits after a draft. -> logits [M + 1, V]"""
+class NextToken:
+    """Guider, AR baseline or drafter_ar: the token after the request's decided prefix, chosen on the host from its
+    logits (a sampled one is a draw of the request's RNG), as plain AR decoding takes it. -> Proposal of position
+    `start`, without its logits"""
 
-    method: ClassVar[str] = "forward"
+    method: ClassVar[str] = "next_token"
     req: Request
-    start: int
-    draft: torch.Tensor  # [M]; empty for plain AR decoding
+    start: int  # the request's frontier
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +221,18 @@ class AcceptProbs:
     confidence: torch.Tensor  # [n]
 
 
-Args = Propose | ProposeAfter | ProposeBidirectional | DrafterForward | Verify | ARForward | Lookahead | AcceptProbs
+Args = (
+    Propose
+    | ProposeAfter
+    | ProposeBidirectional
+    | DrafterForward
+    | FillMasks
+    | ScoreDraft
+    | Verify
+    | NextToken
+    | Lookahead
+    | AcceptProbs
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,15 +293,21 @@ class DrafterHost(Protocol):
         """Every request's bidirectional proposal, with each request's block cache kept on the host."""
 
     def forward(self, calls: list[DrafterForward]) -> list[Reply]:
-        """Slot verification and completion forwards on the causal drafter."""
+        """Forwards over explicit tokens on the causal drafter, their logits whole (in process)."""
+
+    def fill_masks(self, calls: list[FillMasks]) -> list[Reply]:
+        """Slot completion: each request's masks drafted in one batched forward, sampled on the host."""
+
+    def score_draft(self, calls: list[ScoreDraft]) -> list[Reply]:
+        """Slot verification: each request's draft read by the drafter in one batched forward."""
 
 
 class ARHost(Protocol):
     def verify(self, calls: list[Verify]) -> list[Reply]:
         """Every request's draft checked by the guider in one forward over its cached prefix."""
 
-    def forward(self, calls: list[ARForward]) -> list[Reply]:
-        """Next-token logits after each request's draft (AR decoding asks with an empty draft)."""
+    def next_token(self, calls: list[NextToken]) -> list[Reply]:
+        """Each request's next token in one batched forward over its cached prefix, sampled where it samples."""
 
     def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
         """Each request's next greedy tokens, batched over the requests one forward at a time."""

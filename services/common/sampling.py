@@ -63,8 +63,8 @@ class Rng:
         return Rng(self.seed, self.draws)
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, rng: Rng) -> torch.Tensor:
-    """Pick one token per row of logits [N, V] -> ids [N]; a sampled pick is one draw of rng."""
+def choose(logits: torch.Tensor, params: SamplingParams, rng: Rng | None) -> torch.Tensor:
+    """Pick one token per row of logits [N, V] -> ids [N]; a sampled pick is one draw of rng (None: greedy only)."""
     if params.greedy:
         return logits.max(-1).indices  # the first maximum, as argmax, at about half argmax's cost on CPU
     logits = logits.float()

@@ -25,7 +25,7 @@ from services.common.batch import Item, forward
 from services.common.kv import append, cache_len, truncate
 from services.common.kv_manager import KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import Proposal, Region, propose_from_logits
+from services.common.proposal import Proposal, Region, TokenLogprobs, Verdict, propose_from_logits
 from services.common.request import Request
 
 
@@ -109,6 +109,25 @@ class CausalDrafter:
         items, processed = zip(*[self.item(*call) for call in calls], strict=True)
         return list(zip(forward(self.decoder, list(items)), processed, strict=True))
 
+    def fill_masks_batch(self, calls: list[tuple]) -> list[tuple[Proposal, int]]:
+        """calls: (req, ids [L], positions [L], groups [L]) -> (the proposal for the positions whose id is the mask,
+        drawn here, without its logits; tokens processed) each, in one forward."""
+        out = []
+        for (req, ids, positions, _), (logits, tokens) in zip(calls, self.forward_batch(calls), strict=True):
+            masked = ids == req.mask_id
+            proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.rng, req.mask_id)
+            proposal.logits = None  # no slot stage reads them, and they are most of a reply's bytes
+            out.append((proposal, tokens))
+        return out
+
+    def score_draft_batch(self, calls: list[tuple]) -> list[tuple[Verdict, int]]:
+        """calls: (req, draft [L], positions [L], groups [L] | None, stage) -> (next_token_verdict, tokens
+        processed) each, in one forward: the [L, V] logits stay here."""
+        return [
+            (next_token_verdict(logits, call[1], call[2], call[0].sampling.logprobs), tokens)
+            for call, (logits, tokens) in zip(calls, self.forward_batch(calls), strict=True)
+        ]
+
     def propose_batch(self, calls: list[tuple[Request, Region, bool]]) -> list[tuple[Proposal, int]]:
         """Fill every masked position of each region; clean context and pending commits stand before the masks.
 
@@ -179,6 +198,22 @@ class CausalDrafter:
                 row, draws = row + n + len(masked), rng.draws
             out.append((proposals, draws, tokens))
         return out
+
+
+def next_token_verdict(
+    logits: torch.Tensor, draft: torch.Tensor, positions: torch.Tensor, top_n: int | None
+) -> Verdict:
+    """logits [L, V] of a forward over draft [L] at positions [L] -> the verdict on draft[1:]: token j + 1 under the
+    distribution of the output at token j (a softmax over every token); with top_n, the drafts' logprobs and the top_n
+    alternatives of each."""
+    probs = torch.softmax(logits[:-1], -1).cpu()  # [L - 1, V]
+    target_probs, target = probs.max(-1)
+    draft_probs = probs.gather(-1, draft[1:, None]).squeeze(-1)
+    verdict = Verdict(positions[1:], draft[1:], target, target[:, None], draft_probs, target_probs)
+    if top_n is not None:
+        top = torch.log_softmax(logits[:-1].float(), -1).cpu().topk(min(top_n, logits.shape[-1]), -1)
+        verdict.logprobs = TokenLogprobs(draft_probs.log(), top.indices, top.values, verified=False)
+    return verdict
 
 
 def input_at(item: Item, position: int) -> int | None:

@@ -4,7 +4,16 @@ the Serve deployment is a host."""
 
 import torch
 
-from services.common.contract import DrafterForward, Guessed, Propose, ProposeAfter, ProposeBidirectional, Reply
+from services.common.contract import (
+    DrafterForward,
+    FillMasks,
+    Guessed,
+    Propose,
+    ProposeAfter,
+    ProposeBidirectional,
+    Reply,
+    ScoreDraft,
+)
 from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
 from services.common.proposal import Proposal
@@ -37,9 +46,17 @@ class DrafterHost(KVHost):
         return [Reply(Guessed([without_logits(p, False) for p in ps], draws), tokens) for ps, draws, tokens in out]
 
     def forward(self, calls: list[DrafterForward]) -> list[Reply]:
-        """A staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
-        out = self.causal_drafter().forward_batch([(c.req, c.ids, c.positions, c.groups, c.stage_kv) for c in calls])
+        out = self.causal_drafter().forward_batch([(c.req, c.ids, c.positions, c.groups) for c in calls])
         return [Reply(logits, tokens) for logits, tokens in out]
+
+    def fill_masks(self, calls: list[FillMasks]) -> list[Reply]:
+        out = self.causal_drafter().fill_masks_batch([(c.req, c.ids, c.positions, c.groups) for c in calls])
+        return [Reply(proposal, tokens, c.req.rng.draws) for c, (proposal, tokens) in zip(calls, out, strict=True)]
+
+    def score_draft(self, calls: list[ScoreDraft]) -> list[Reply]:
+        """A staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
+        batch = [(c.req, c.draft, c.positions, c.groups, c.stage_kv) for c in calls]
+        return [Reply(verdict, tokens) for verdict, tokens in self.causal_drafter().score_draft_batch(batch)]
 
     def propose_bidirectional(self, calls: list[ProposeBidirectional]) -> list[Reply]:
         if self.bidirectional is None:

@@ -18,6 +18,7 @@ from services.serving.ray_env import set_ray_env
 from tests.observability.spans import hex_id, memory_exporter
 from tests.orchestrator.cluster.test_services import free_port
 from tests.replica_processes import replica_pids
+from tests.written import whole_lines
 
 pytestmark = pytest.mark.e2e
 PROMPT = "count from 1 to 9:"
@@ -61,7 +62,7 @@ def served(tiny_zoo, tmp_path_factory, redis_url):
 
 
 def file_spans(path, trace_id: str | None = None) -> list[dict]:
-    spans = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    spans = [json.loads(line) for line in whole_lines(path) if line.strip()]
     return [s for s in spans if trace_id is None or s["context"]["trace_id"] == trace_id]
 
 

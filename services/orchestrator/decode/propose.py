@@ -3,10 +3,8 @@ it needs and gets the Proposal back from the step's batched call (services/commo
 
 from dataclasses import dataclass
 
-import torch
-
-from services.common.contract import ARForward, Call, Propose, ProposeBidirectional, Role, Smoothing, Stage, Vicinity
-from services.common.proposal import Proposal, Region, propose_from_logits
+from services.common.contract import Call, NextToken, Propose, ProposeBidirectional, Role, Smoothing, Stage, Vicinity
+from services.common.proposal import Proposal, Region
 from services.common.request import Request
 
 FRONTIER_HEADS = ("ar", "mask")  # the causal drafter's two left-to-right decodes: a clean token's output, a mask's
@@ -42,6 +40,5 @@ class ARPropose:
     role: Role
 
     def __call__(self, req: Request, region: Region) -> Stage[Proposal]:
-        start = req.frontier
-        (logits,) = yield [Call(self.role, ARForward(req, start, torch.empty(0, dtype=torch.long)))]  # [1, V]
-        return propose_from_logits(torch.tensor([start]), logits, req.sampling, req.rng, req.mask_id)
+        (proposal,) = yield [Call(self.role, NextToken(req, req.frontier))]
+        return proposal

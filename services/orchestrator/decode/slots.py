@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.contract import Call, DrafterForward, Role, Stage
-from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict, propose_from_logits
+from services.common.contract import Call, FillMasks, Role, ScoreDraft, Stage
+from services.common.proposal import Decision, Proposal, Region, TokenLogprobs, Verdict
 from services.common.request import Request
 from services.orchestrator.decode.propose import CausalPropose
 
@@ -37,12 +37,6 @@ class SlotWork:
 
 
 KV_MODES = ("reuse", "recompute")
-
-
-def drafter_forward(
-    req: Request, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None, stage: bool = False
-) -> Call:
-    return Call(Role.DRAFTER, DrafterForward(req, ids, positions, groups, stage))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,17 +71,13 @@ class SlotPropose:
         if work.fresh:
             work.fresh = False
             return empty_proposal()
-        ids, groups, masked = [], [], []
+        ids, groups = [], []
         for i, (draft, valid) in enumerate(zip(work.drafts, work.valid, strict=True)):
             ids.append(torch.cat([draft[:valid], torch.full((len(draft) - valid,), req.mask_id)]))
             groups.append(torch.full((len(draft),), i))
-            masked.append(torch.arange(len(draft)) >= valid)
-        positions = work.positions()
-        masked = torch.cat(masked)
-        (logits,) = yield [drafter_forward(req, torch.cat(ids), positions, torch.cat(groups))]
-        proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.rng, req.mask_id)
         filled = torch.cat(ids)
-        filled[masked] = proposal.ids
+        (proposal,) = yield [Call(Role.DRAFTER, FillMasks(req, filled, work.positions(), torch.cat(groups)))]
+        filled[filled == req.mask_id] = proposal.ids
         # every slot keeps a verified prefix of at least its first token (the fresh round verified it), so
         # first_probs, the probability of that token from the select forward, stays as it is
         work.drafts = list(filled.split([len(d) for d in work.drafts]))
@@ -109,32 +99,28 @@ class SlotVerify:
         work: SlotWork = req.state["slots"]
         draft, positions = torch.cat(work.drafts), work.positions()
         groups = torch.cat([torch.full((len(d),), i) for i, d in enumerate(work.drafts)])
-        call = drafter_forward(req, draft, positions, groups if work.completing else None, self.kv_reuse)
-        (logits,) = yield [call]
-        probs = torch.softmax(logits, -1).cpu()  # [T, V]
-        draft_probs = torch.empty(len(draft))
-        draft_probs[1:] = probs[:-1].gather(-1, draft[1:, None]).squeeze(-1)
-        target_probs, target = torch.empty(len(draft)), torch.empty(len(draft), dtype=torch.long)
-        target_probs[1:], target[1:] = probs[:-1].max(-1)
+        call = ScoreDraft(req, draft, positions, groups if work.completing else None, self.kv_reuse)
+        (scored,) = yield [Call(Role.DRAFTER, call)]  # the verdict on draft[1:], each token under the output before
+        draft_probs, target_probs = (
+            torch.cat([torch.zeros(1), p.float()]) for p in (scored.draft_probs, scored.target_probs)
+        )
+        target = torch.cat([draft[:1], scored.target])
         firsts = torch.cat([torch.tensor([0]), torch.tensor([len(d) for d in work.drafts]).cumsum(0)[:-1]])
         draft_probs[firsts] = torch.tensor(work.first_probs)  # first tokens: Eq. 7 j = 1, from the mask forward
         target[firsts], target_probs[firsts] = draft[firsts], draft_probs[firsts]
         verdict = Verdict(positions, draft, target, target[:, None], draft_probs, target_probs)
-        if req.sampling.logprobs is not None:
-            verdict.logprobs = draft_logprobs(logits, draft, draft_probs, firsts, req.sampling.logprobs)
+        if scored.logprobs is not None:
+            verdict.logprobs = draft_logprobs(scored.logprobs, draft_probs, firsts)
         return verdict
 
 
-def draft_logprobs(
-    logits: torch.Tensor, draft: torch.Tensor, draft_probs: torch.Tensor, firsts: torch.Tensor, n: int
-) -> TokenLogprobs:
-    """The drafter's logprobs of its drafts [T]: token j + 1 from the causal output at j; a slot's first token from
-    the mask forward that predicted it, whose alternatives were not kept (ids -1)."""
-    logp = torch.log_softmax(logits.float(), -1).cpu()  # [T, V]
-    top = logp.topk(min(n, logp.shape[-1]), -1)
-    top_ids = torch.full_like(top.indices, -1)
-    top_logprobs = torch.full_like(top.values, float("-inf"))
-    top_ids[1:], top_logprobs[1:] = top.indices[:-1], top.values[:-1]
+def draft_logprobs(scored: TokenLogprobs, draft_probs: torch.Tensor, firsts: torch.Tensor) -> TokenLogprobs:
+    """The drafter's logprobs of its drafts [T], from draft[1:]'s as the drafter scored them: token j + 1 from the
+    causal output at j; a slot's first token from the mask forward that predicted it, whose alternatives were not
+    kept (ids -1)."""
+    n = scored.top_ids.shape[1]
+    top_ids = torch.cat([scored.top_ids.new_full((1, n), -1), scored.top_ids])
+    top_logprobs = torch.cat([scored.top_logprobs.new_full((1, n), float("-inf")), scored.top_logprobs])
     top_ids[firsts], top_logprobs[firsts] = -1, float("-inf")
     return TokenLogprobs(draft_probs.log(), top_ids, top_logprobs, verified=False)
 

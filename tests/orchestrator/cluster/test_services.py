@@ -31,7 +31,9 @@ CASES = {
     "pipeline": {"window": 6},
     "learn2pd": {"block_size": 8},  # the bidirectional drafter's filter, beside pipeline's causal one
     "credit": {"drafter": "causal", "block_size": 8},  # its gate's [block, V] scores stay with the engine
+    "ar": {},  # its next token drawn on the AR model's replica
 }
+SEEDED = ("guided", "slot", "streaming", "pipeline", "ar")  # sixteen_streams_equal_in_process's
 PROMPT = "count from 1 to 9:"
 
 
@@ -205,8 +207,8 @@ def test_each_model_replica_computes_on_its_configured_threads(service):
 
 
 def sixteen_streams_equal_in_process(client, engine: Engine, first_seed: int) -> None:
-    """16 concurrent streams of four strategies, seeded, against the same requests in process."""
-    jobs = [(list(CASES)[i % 4], dict(temperature=0.8, top_p=0.95, seed=first_seed + i)) for i in range(16)]
+    """16 concurrent streams of five strategies, seeded, against the same requests in process."""
+    jobs = [(SEEDED[i % len(SEEDED)], dict(temperature=0.8, top_p=0.95, seed=first_seed + i)) for i in range(16)]
     eos = engine.executor.meta().eos_id
     results = [engine.generate(PROMPT, s, CASES[s], 16, SamplingParams(**sampling)) for s, sampling in jobs]
     expected = [r.token_ids + ([eos] if r.finish_reason == "eos" else []) for r in results]  # a stream sends its EOS

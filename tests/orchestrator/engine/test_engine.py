@@ -100,7 +100,7 @@ def test_mixed_batch_gives_each_request_its_tokens_alone(engine):
     assert {out.request_id for out in first} == {req.id for req in reqs}  # one step: one round for each
     assert calls[0][("drafter", "propose")] == 4  # pipeline, streaming, causal guided, slot: one batched call
     assert calls[0][("drafter", "propose_bidirectional")] == 2  # guided and threshold share a forward
-    assert calls[0][("guider", "forward")] == 1 and calls[0][("ar", "forward")] == 1
+    assert calls[0][("guider", "next_token")] == 1 and calls[0][("ar", "next_token")] == 1
     assert calls[1][("guider", "verify")] == 3 and calls[1][("filter", "accept_probs")] == 1
     while eng.has_unfinished():
         eng.step()
@@ -146,8 +146,8 @@ def test_a_failing_host_call_fails_only_its_group(engine):
 
     async def failing(groups, parents=None):
         results = await execute(groups, parents)
-        if ("ar", "forward") in results:
-            results["ar", "forward"] = RuntimeError("replica lost")
+        if ("ar", "next_token") in results:
+            results["ar", "next_token"] = RuntimeError("replica lost")
         return results
 
     eng.executor.execute = failing
