@@ -73,16 +73,13 @@ class Guider:
         return forward(self.decoder, [self.item(*call) for call in calls])
 
     def next_token_batch(self, calls: list[tuple[Request, int]]) -> list[Proposal]:
-        """calls: (req, start) -> the proposal of each request's token at start, without its logits, in one forward."""
+        """calls: (req, start) -> the proposal of each request's token at start, in one forward."""
         empty = torch.empty(0, dtype=torch.long)
         logits = self.logits([(req, start, empty) for req, start in calls])  # [1, V] each
-        proposals = []
-        for (req, start), out in zip(calls, logits, strict=True):
-            at = torch.tensor([start])
-            proposal = propose_from_logits(at, out, req.sampling, req.rng, req.mask_id, self.decoder.ops)
-            proposal.logits = None  # no gate of AR decoding reads them, and they are most of a reply's bytes
-            proposals.append(proposal)
-        return proposals
+        return [
+            propose_from_logits(torch.tensor([start]), out, req.sampling, req.rng, req.mask_id, self.decoder.ops)
+            for (req, start), out in zip(calls, logits, strict=True)
+        ]
 
     def lookahead_batch(self, calls: list[tuple[Request, int, int]]) -> list[tuple[torch.Tensor, int]]:
         """calls: (req, start, k) -> the guider's greedy tokens [<= k] from start, as it decodes alone (ARPropose),

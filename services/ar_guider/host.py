@@ -7,6 +7,7 @@ from services.ar_guider.guider import Guider
 from services.common.contract import Lookahead, NextToken, Reply, Verify
 from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
+from services.common.proposal import without_logits
 
 
 class GuiderHost(KVHost):
@@ -20,7 +21,7 @@ class GuiderHost(KVHost):
 
     def next_token(self, calls: list[NextToken]) -> list[Reply]:
         proposals = self.guider.next_token_batch([(c.req, c.start) for c in calls])
-        return [Reply(proposal, draws=c.req.rng.draws) for c, proposal in zip(calls, proposals, strict=True)]
+        return [Reply(without_logits(p, False), draws=c.req.rng.draws) for c, p in zip(calls, proposals, strict=True)]
 
     def lookahead(self, calls: list[Lookahead]) -> list[Reply]:
         ahead = self.guider.lookahead_batch([(c.req, c.start, c.k) for c in calls])

@@ -64,6 +64,13 @@ class Proposal:
     logprobs: TokenLogprobs | None = None  # the drafter's, when the request asks
 
 
+def without_logits(proposal: Proposal, keep: bool) -> Proposal:
+    """The full distribution goes back only to gates that fuse it (credit decoding): it is most of a hop's bytes."""
+    if not keep:
+        proposal.logits = None
+    return proposal
+
+
 @dataclass(slots=True)
 class Verdict:
     positions: torch.Tensor  # [M] contiguous span from the frontier

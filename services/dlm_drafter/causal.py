@@ -111,13 +111,13 @@ class CausalDrafter:
 
     def fill_masks_batch(self, calls: list[tuple]) -> list[tuple[Proposal, int]]:
         """calls: (req, ids [L], positions [L], groups [L]) -> (the proposal for the positions whose id is the mask,
-        drawn here, without its logits; tokens processed) each, in one forward."""
+        drawn here; tokens processed) each, in one forward."""
         out = []
         for (req, ids, positions, _), (logits, tokens) in zip(calls, self.forward_batch(calls), strict=True):
             masked = ids == req.mask_id
-            proposal = propose_from_logits(positions[masked], logits[masked], req.sampling, req.rng, req.mask_id)
-            proposal.logits = None  # no slot stage reads them, and they are most of a reply's bytes
-            out.append((proposal, tokens))
+            out.append(
+                (propose_from_logits(positions[masked], logits[masked], req.sampling, req.rng, req.mask_id), tokens)
+            )
         return out
 
     def score_draft_batch(self, calls: list[tuple]) -> list[tuple[Verdict, int]]:

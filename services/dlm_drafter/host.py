@@ -16,7 +16,7 @@ from services.common.contract import (
 )
 from services.common.kv_manager import KVHost, KVManager
 from services.common.models import LoadedModel
-from services.common.proposal import Proposal
+from services.common.proposal import without_logits
 from services.dlm_drafter.bidirectional import BidirectionalCall, BidirectionalDrafter
 from services.dlm_drafter.bidirectional import new_cache as new_block_cache
 from services.dlm_drafter.causal import CausalDrafter
@@ -51,7 +51,9 @@ class DrafterHost(KVHost):
 
     def fill_masks(self, calls: list[FillMasks]) -> list[Reply]:
         out = self.causal_drafter().fill_masks_batch([(c.req, c.ids, c.positions, c.groups) for c in calls])
-        return [Reply(proposal, tokens, c.req.rng.draws) for c, (proposal, tokens) in zip(calls, out, strict=True)]
+        return [
+            Reply(without_logits(p, False), tokens, c.req.rng.draws) for c, (p, tokens) in zip(calls, out, strict=True)
+        ]
 
     def score_draft(self, calls: list[ScoreDraft]) -> list[Reply]:
         """A staged forward's KV stays on this replica for the commits its round makes (000 §4.2)."""
@@ -76,10 +78,3 @@ class DrafterHost(KVHost):
         if drafter is None:
             raise RuntimeError("no drafter model loaded")
         torch.ones(1, device=drafter.decoder.device).add_(1)  # the device is usable
-
-
-def without_logits(proposal: Proposal, keep: bool) -> Proposal:
-    """The full distribution goes back only to gates that fuse it (credit decoding): it is most of a hop's bytes."""
-    if not keep:
-        proposal.logits = None
-    return proposal
