@@ -40,7 +40,7 @@ class Echo:
 @serve.deployment(ray_actor_options={"num_cpus": 0}, logging_config={"log_level": "WARNING"})
 class EchoDeployment:
     def __init__(self):
-        self.channel = ChannelServer(ray.util.get_node_ip_address(), lambda payload: payload)
+        self.channel = ChannelServer(ray.util.get_node_ip_address(), lambda payload, session: payload, lambda: None)
 
     def noop(self, payload: bytes) -> bytes:
         return payload
