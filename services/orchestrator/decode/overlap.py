@@ -95,7 +95,8 @@ class Guesses:
     base: Request  # a copy of the request as its round verified it
     region: Region
     proposal: Proposal
-    guessed: dict[int, tuple[Proposal, int]]  # accepted count -> next proposal, the request's count of draws after
+    guessed: dict[int, Proposal]  # accepted count -> the next round's proposal
+    draws: int  # the request's count of draws after any one of them (each guess drew from its own copy)
 
     def taken(self, req: Request, region: Region, commit: Commit) -> Speculation | None:
         """The guess whose count the round accepted, if the request is the one it assumed."""
@@ -103,7 +104,7 @@ class Guesses:
         if n not in self.guessed:
             return None
         ahead = accepted(self.base, self.region, self.proposal, commit, n)
-        speculation = Speculation(ahead, commit.region(ahead), *self.guessed[n])
+        speculation = Speculation(ahead, commit.region(ahead), self.guessed[n], self.draws)
         return speculation if speculation.holds(req, region) else None
 
 
@@ -140,8 +141,8 @@ class PostVerify:
         ends = tuple(self.commit.region_at(start + n, req.horizon, req.state).end for n in counts)
         call = Call(Role.DRAFTER, ProposeAfter(req, start, window, counts, ends, self.ar_head))
         verdict, guessed = yield from together(self.inner_verify(req, region, proposal), one(call))
-        guesses = {n: (p, guessed.draws) for n, p in zip(counts, guessed.proposals, strict=True)}
-        self.speculation = Guesses(copied(req), region, proposal, guesses)
+        guesses = dict(zip(counts, guessed.proposals, strict=True))
+        self.speculation = Guesses(copied(req), region, proposal, guesses, guessed.draws)
         return verdict
 
     def counts(self, req: Request, proposal: Proposal, window: torch.Tensor) -> tuple[int, ...]:
